@@ -1,0 +1,105 @@
+// trainsup/config.h — every setting of a supervised rank, and where it comes from.
+//
+// Contract: Config::fromEnvironment() reads TRAINSUP_* variables and torchrun's variables
+// (RANK, LOCAL_RANK, WORLD_SIZE, ...) over the defaults below; code may then change fields
+// (code wins over the environment), and Supervisor::create() validates the result. A bad
+// value — not a number, negative, out of range, an unknown enum word — is an InvalidArgument
+// Status whose message names the variable (or field) and the value; nothing is half-applied.
+// docs/configuration.md is the reference table for every variable read here.
+// Config is a plain value: copy it freely; it holds no resources.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "trainsup/export.h"
+#include "trainsup/status.h"
+
+namespace trainsup {
+
+enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError };
+// What the watchdog does when a section runs past its budget.
+enum class StallAction {
+  kExit,  // log, dump stacks, event, abort callbacks, then exit with kExitStall (default)
+  kWarn,  // log, dump stacks and event once per stalled section, keep running (for debugging)
+};
+
+TRAINSUP_EXPORT const char* logLevelName(LogLevel level);
+TRAINSUP_EXPORT const char* stallActionName(StallAction action);
+
+// Who this process is. Filled from torchrun's variables where present, else single-process
+// defaults. host is the OS host name unless TRAINSUP_NODE_NAME overrides it.
+struct Identity {
+  int rank = 0;              // RANK
+  int local_rank = 0;        // LOCAL_RANK
+  int world_size = 1;        // WORLD_SIZE
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE
+  int group_rank = 0;        // GROUP_RANK (the node's index in the rendezvous)
+  std::string master_addr;   // MASTER_ADDR
+  int master_port = 0;       // MASTER_PORT
+  std::string run_id;        // TORCHELASTIC_RUN_ID
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  std::string host;          // TRAINSUP_NODE_NAME, else gethostname()
+  std::string job_id;        // TRAINSUP_JOB_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else "local"
+};
+
+// How section budgets are learned. A section without an explicit budget gets
+// `warmup_s` for its first `warmup_count` completions (start-up, compilation and cache
+// warming are slow and are not learned from); after that its budget is
+// max(floor_s, multiplier x the largest duration observed after the warm-up).
+struct BudgetPolicy {
+  double multiplier = 5.0;      // TRAINSUP_BUDGET_MULTIPLIER
+  double floor_s = 10.0;        // TRAINSUP_BUDGET_FLOOR_S
+  int warmup_count = 3;         // TRAINSUP_BUDGET_WARMUP_COUNT
+  double warmup_s = 900.0;      // TRAINSUP_BUDGET_WARMUP_S
+  double warn_fraction = 0.5;   // TRAINSUP_WARN_FRACTION: warn once at this fraction of a budget
+};
+
+// Where settings come from: the process environment, or a map in tests.
+class TRAINSUP_EXPORT Environment {
+ public:
+  using Lookup = std::function<std::optional<std::string>(const std::string&)>;
+  explicit Environment(Lookup lookup) : lookup_(std::move(lookup)) {}
+  static Environment process();  // getenv(); unset and empty both mean "absent"
+  static Environment fromMap(std::map<std::string, std::string> vars);
+  std::optional<std::string> get(const std::string& name) const;
+
+ private:
+  Lookup lookup_;
+};
+
+struct TRAINSUP_EXPORT Config {
+  Identity identity;
+
+  // Logs: `<log_dir>/<job_id>-<host>-r<rank>.log` and `...-r<rank>.events.jsonl`.
+  std::string log_dir = "trainsup-logs";  // TRAINSUP_LOG_DIR
+  LogLevel log_level = LogLevel::kInfo;   // TRAINSUP_LOG_LEVEL
+  bool log_to_stderr = true;              // TRAINSUP_LOG_STDERR
+
+  // Watchdog.
+  bool watchdog_enabled = true;              // TRAINSUP_WATCHDOG
+  double watchdog_interval_s = 0.2;          // TRAINSUP_WATCHDOG_INTERVAL_S: how often budgets are checked
+  double heartbeat_timeout_s = 30.0;         // TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S
+  double abort_grace_s = 10.0;               // TRAINSUP_ABORT_GRACE_S: dump + abort callbacks must end by then
+  StallAction stall_action = StallAction::kExit;  // TRAINSUP_STALL_ACTION
+  BudgetPolicy budgets;
+  // Explicit budgets in seconds by section name; TRAINSUP_SECTION_BUDGETS="step=2,eval=600".
+  std::map<std::string, double> section_budgets_s;
+
+  // SIGTERM/SIGINT set a "stop requested" flag instead of killing the process.
+  bool handle_signals = true;  // TRAINSUP_HANDLE_SIGNALS
+
+  // Reads the environment over the defaults. Fails on the first bad value.
+  static Result<Config> fromEnvironment(const Environment& env = Environment::process());
+  // Checks cross-field rules (rank < world_size, positive intervals, ...).
+  Status validate() const;
+};
+
+// Parses "name=seconds,name=seconds". `what` names the source in error messages.
+TRAINSUP_EXPORT Result<std::map<std::string, double>> parseSectionBudgets(std::string_view text,
+                                                                          std::string_view what);
+
+}  // namespace trainsup

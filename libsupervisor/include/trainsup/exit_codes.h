@@ -1,0 +1,28 @@
+// trainsup/exit_codes.h — the process exit codes trainsup uses, and what a launcher should do.
+//
+// Contract: these values are stable across releases (docs/exit-codes.md is the table users
+// read). They sit in 90..99, clear of shell (126..165), sysexits (64..78) and Python's 1/2.
+#pragma once
+
+#include "trainsup/export.h"
+
+namespace trainsup {
+
+// Stopped on request (SIGTERM/SIGINT, e.g. a preemption notice) after finishing cleanly.
+// A scheduler may requeue the job.
+inline constexpr int kExitStopRequested = 90;
+// The watchdog found a section (step, eval, user-defined, ...) over its budget, dumped the
+// stacks of every thread into the rank log and ended the process (also when the dump and the
+// abort callbacks ran past abort_grace_s). A launcher may restart the job.
+inline constexpr int kExitStall = 91;
+// The watchdog thread itself stopped answering (its heartbeat stalled for
+// heartbeat_timeout_s); the heartbeat monitor ended the process.
+inline constexpr int kExitWatchdogUnresponsive = 92;
+// The configuration (a TRAINSUP_* or torchrun variable, or a Config field) is invalid.
+// Restarting will not help: fix the setting.
+inline constexpr int kExitBadConfig = 93;
+
+// Human-readable name of one of the codes above ("stall", ...), or "unknown".
+TRAINSUP_EXPORT const char* exitCodeName(int code);
+
+}  // namespace trainsup

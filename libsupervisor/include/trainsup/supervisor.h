@@ -1,0 +1,116 @@
+// trainsup/supervisor.h — the facade a training loop talks to.
+//
+// Usage (C++ trainer):
+//   auto config = trainsup::Config::fromEnvironment();          // TRAINSUP_*, RANK, ...
+//   if (!config) { std::cerr << config.status().toString() << "\n"; return trainsup::kExitBadConfig; }
+//   auto sup = trainsup::Supervisor::create(*config);
+//   if (!sup) { ...same... }
+//   for (int64_t s = 0; s < steps && !(*sup)->stopRequested(); ++s) {
+//     auto scope = (*sup)->step(s);   // the watchdog times this step against its budget
+//     ...forward, backward, optimizer...
+//   }
+//
+// Contract:
+// - create() validates the config, opens the rank's log `<log_dir>/<job>-<host>-r<rank>.log`
+//   and event log `...-r<rank>.events.jsonl`, installs the SIGTERM/SIGINT handlers (unless
+//   handle_signals is false) and starts the watchdog. It fails with a Status naming the bad
+//   setting or the path it could not open; nothing is left running after a failure.
+// - step(), section() and the Scope they return belong to one thread, the training loop; they
+//   cost well under a microsecond and never lock or allocate (section(name) looks the name up;
+//   keep the SectionId from sectionId() in hot loops). Scopes nest; end them in LIFO order.
+// - On a stall the watchdog thread logs the section, elapsed time and budget, dumps every
+//   thread's stack into the rank log, writes "stall" and "stack_dump" events, runs the abort
+//   callbacks (in registration order, each guarded against exceptions), writes "exit" and ends
+//   the process with kExitStall — all within abort_grace_s, which the heartbeat monitor
+//   enforces with kExitWatchdogUnresponsive. With StallAction::kWarn it only logs and dumps.
+// - stopRequested() turns true after SIGTERM or SIGINT; a second signal of the same kind
+//   kills the process the default way. SIGUSR1/SIGUSR2 are never touched.
+// - Any thread may call stopRequested(), log(), event(), addAbortCallback(), budgetFor().
+// - close() (also run by the destructor) stops the watchdog, writes "supervisor_stop", restores
+//   the signal handlers and flushes the logs. Idempotent.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "trainsup/clock.h"
+#include "trainsup/config.h"
+#include "trainsup/event_log.h"
+#include "trainsup/exit_codes.h"
+#include "trainsup/export.h"
+#include "trainsup/progress.h"
+#include "trainsup/status.h"
+#include "trainsup/watchdog.h"
+
+namespace trainsup {
+
+// Test hooks. Production code leaves them empty.
+struct SupervisorOptions {
+  Clock* clock = nullptr;                      // default: Clock::real()
+  std::function<void(int code)> exit_process;  // default: _exit(code) (logs are flushed before)
+};
+
+class TRAINSUP_EXPORT Supervisor {
+ public:
+  using Options = SupervisorOptions;
+
+  static Result<std::unique_ptr<Supervisor>> create(Config config, Options options = {});
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // RAII progress marker. Move-only; end() closes it early; the destructor closes it otherwise.
+  class [[nodiscard]] Scope {
+   public:
+    Scope(Scope&& other) noexcept : sup_(other.sup_) { other.sup_ = nullptr; }
+    Scope& operator=(Scope&&) = delete;
+    Scope(const Scope&) = delete;
+    ~Scope() { end(); }
+    void end() {
+      if (sup_ != nullptr) {
+        Supervisor* s = sup_;
+        sup_ = nullptr;
+        s->exitSection();
+      }
+    }
+
+   private:
+    friend class Supervisor;
+    explicit Scope(Supervisor* sup) : sup_(sup) {}
+    Supervisor* sup_;
+  };
+
+  Scope step(int64_t step);
+  // Names are free-form ("setup", "eval", "checkpoint", "data", ...); at most 64 distinct ones.
+  // An invalid name is a bug in the caller (logic_error).
+  Scope section(std::string_view name);
+  Scope section(SectionId id);
+  SectionId sectionId(std::string_view name);
+
+  bool stopRequested() const;
+  int stopSignal() const;  // the signal that asked, or 0
+
+  void addAbortCallback(std::string name, std::function<void(const StallReport&)> callback);
+
+  void log(LogLevel level, std::string_view message);
+  void event(std::string_view name, const EventFields& fields = {});
+
+  const Config& config() const;
+  const Identity& identity() const;
+  const std::string& logFilePath() const;
+  const std::string& eventLogPath() const;
+  Budget budgetFor(std::string_view section);
+  ProgressTracker& progress();
+
+  void close();
+
+ private:
+  struct Impl;
+  explicit Supervisor(std::unique_ptr<Impl> impl);
+  void exitSection();
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainsup

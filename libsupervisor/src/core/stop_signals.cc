@@ -1,0 +1,59 @@
+#include "stop_signals.h"
+
+#include <signal.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+namespace trainsup {
+namespace stop_signals {
+namespace {
+
+std::atomic<int> g_requested{0};
+static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free flag");
+
+std::mutex g_mu;
+bool g_installed = false;          // guarded by g_mu
+struct sigaction g_old_term;       // guarded by g_mu
+struct sigaction g_old_int;        // guarded by g_mu
+
+void onStopSignal(int sig) {
+  int expected = 0;
+  if (g_requested.compare_exchange_strong(expected, sig)) return;
+  if (expected == sig) {
+    // Asked twice: the user means it.
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+}  // namespace
+
+bool install() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_installed) return false;
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, &g_old_term);
+  sigaction(SIGINT, &sa, &g_old_int);
+  g_installed = true;
+  return true;
+}
+
+void uninstall() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_installed) return;
+  sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaction(SIGINT, &g_old_int, nullptr);
+  g_installed = false;
+}
+
+int requestedBy() { return g_requested.load(); }
+void reset() { g_requested.store(0); }
+
+}  // namespace stop_signals
+}  // namespace trainsup

@@ -1,0 +1,322 @@
+#include "trainsup/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <spdlog/spdlog.h>
+#include <vector>
+
+#include "logging.h"
+#include "stop_signals.h"
+#include "trainsup/gpu.h"
+#include "trainsup/stack_dump.h"
+#include "trainsup/version.h"
+
+namespace trainsup {
+
+struct Supervisor::Impl {
+  // Set in create(), then read-only.
+  Config config;
+  Options options;
+  Clock* clock = nullptr;
+  std::string log_path;
+  std::string event_path;
+  RankLogger logger;
+  std::unique_ptr<EventLog> events;
+  std::unique_ptr<ProgressTracker> progress;
+  std::unique_ptr<Watchdog> watchdog;
+  bool owns_signals = false;
+
+  std::atomic<int> training_tid{0};  // the thread that called step()/section() first
+  std::atomic<bool> closed{false};
+  int seen_stop_signal = 0;  // watchdog thread only
+
+  std::mutex callbacks_mu;
+  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> callbacks;  // guarded
+
+  void onTick();
+  void onWarn(const StallReport& r);
+  void onStall(const StallReport& r);
+  void onUnresponsive(Nanos silent);
+  void onAbortDeadline();
+  void emergency(const std::string& message, int code);
+  void terminate(int code);
+};
+
+namespace {
+
+std::string seconds(Nanos d) { return fmt::format("{:.3f}", toSeconds(d)); }
+
+int currentTid() { return static_cast<int>(syscall(SYS_gettid)); }
+
+}  // namespace
+
+void Supervisor::Impl::terminate(int code) {
+  if (options.exit_process) {
+    options.exit_process(code);
+  } else {
+    _exit(code);
+  }
+}
+
+// Last words when the normal logger may be the thing that is stuck: raw write() calls only.
+void Supervisor::Impl::emergency(const std::string& message, int code) {
+  std::string line = "[trainsup host=" + config.identity.host + " rank=" + std::to_string(config.identity.rank) +
+                     "] " + message + "\n";
+  ssize_t ignored = ::write(2, line.data(), line.size());
+  int fd = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd >= 0) {
+    ignored = ::write(fd, line.data(), line.size());
+    ::close(fd);
+  }
+  (void)ignored;
+  terminate(code);
+}
+
+void Supervisor::Impl::onTick() {
+  int sig = stop_signals::requestedBy();
+  if (sig == 0 || sig == seen_stop_signal) return;
+  seen_stop_signal = sig;
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "signal";
+  logger.logger->warn("stop requested by {}; the training loop should stop at the next step boundary", name);
+  events->write("stop_requested", {{"signal", name}, {"last_step", progress->snapshot().last_step}});
+}
+
+void Supervisor::Impl::onWarn(const StallReport& r) {
+  logger.logger->warn("section '{}' (step {}) has run {} s, over {:.0f}% of its {} budget of {} s", r.section, r.step,
+                      seconds(r.elapsed), config.budgets.warn_fraction * 100, budgetKindName(r.budget.kind),
+                      seconds(r.budget.limit));
+  events->write("section_slow", {{"section", r.section},
+                                 {"step", r.step},
+                                 {"elapsed_s", toSeconds(r.elapsed)},
+                                 {"budget_s", toSeconds(r.budget.limit)},
+                                 {"budget_kind", budgetKindName(r.budget.kind)}});
+}
+
+void Supervisor::Impl::onStall(const StallReport& r) {
+  const bool exiting = config.stall_action == StallAction::kExit;
+  const Nanos start = clock->monotonicNow();
+  if (exiting) watchdog->setAbortDeadline(start + fromSeconds(config.abort_grace_s));
+  auto& log = *logger.logger;
+  log.error("STALL: section '{}' (step {}) made no progress for {} s; its {} budget is {} s. {}", r.section, r.step,
+            seconds(r.elapsed), budgetKindName(r.budget.kind), seconds(r.budget.limit),
+            exiting ? fmt::format("Dumping stacks, running abort callbacks, then exiting with code {} ({}).",
+                                  kExitStall, exitCodeName(kExitStall))
+                    : std::string("Dumping stacks; stall_action=warn keeps the process running."));
+  events->write("stall", {{"section", r.section},
+                          {"step", r.step},
+                          {"depth", r.depth},
+                          {"elapsed_s", toSeconds(r.elapsed)},
+                          {"budget_s", toSeconds(r.budget.limit)},
+                          {"budget_kind", budgetKindName(r.budget.kind)},
+                          {"action", stallActionName(config.stall_action)}});
+  // Leave at least half of the grace period for the abort callbacks.
+  auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000));
+  StackDump dump = dumpAllThreadStacks(timeout);
+  int training = training_tid.load();
+  for (ThreadStack& t : dump.threads) {
+    if (t.tid == training) t.name += " [training loop]";
+  }
+  for (const std::string& line : formatStackDump(dump)) log.error("{}", line);
+  events->write("stack_dump", {{"threads", static_cast<int64_t>(dump.threads.size())},
+                               {"answered", dump.answered},
+                               {"training_tid", training},
+                               {"log_file", log_path}});
+  log.flush();
+  if (!exiting) return;
+
+  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mu);
+    cbs = callbacks;
+  }
+  for (auto& [name, cb] : cbs) {
+    std::string error;
+    try {
+      cb(r);
+    } catch (const std::exception& e) {
+      error = e.what();
+    } catch (...) {
+      error = "unknown exception";
+    }
+    if (!error.empty()) log.error("abort callback '{}' threw: {}", name, error);
+    events->write("abort_callback", {{"name", name}, {"ok", error.empty()}, {"error", error}});
+  }
+  Nanos took = clock->monotonicNow() - start;
+  log.error("exiting with code {} ({}) {} s after the stall was detected", kExitStall, exitCodeName(kExitStall),
+            seconds(took));
+  events->write("exit", {{"code", kExitStall}, {"reason", exitCodeName(kExitStall)}, {"abort_s", toSeconds(took)}});
+  log.flush();
+  terminate(kExitStall);
+}
+
+void Supervisor::Impl::onUnresponsive(Nanos silent) {
+  emergency(fmt::format("FATAL: the trainsup watchdog thread has not run for {} s (heartbeat timeout {} s); "
+                        "exiting with code {} ({})",
+                        seconds(silent), config.heartbeat_timeout_s, kExitWatchdogUnresponsive,
+                        exitCodeName(kExitWatchdogUnresponsive)),
+            kExitWatchdogUnresponsive);
+}
+
+void Supervisor::Impl::onAbortDeadline() {
+  emergency(fmt::format("FATAL: stall handling (stack dump, abort callbacks) did not finish within "
+                        "abort_grace_s={} s; exiting with code {} ({})",
+                        config.abort_grace_s, kExitStall, exitCodeName(kExitStall)),
+            kExitStall);
+}
+
+Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options options) {
+  if (Status s = config.validate(); !s.isOk()) return s;
+  auto impl = std::make_unique<Impl>();
+  impl->clock = options.clock != nullptr ? options.clock : &Clock::real();
+  impl->options = std::move(options);
+  std::error_code ec;
+  std::filesystem::create_directories(config.log_dir, ec);
+  if (ec) return Status::ioError("cannot create log directory (TRAINSUP_LOG_DIR) '" + config.log_dir + "': " + ec.message());
+  const Identity& id = config.identity;
+  std::string base = (std::filesystem::path(config.log_dir) /
+                      (id.job_id + "-" + id.host + "-r" + std::to_string(id.rank))).string();
+  impl->log_path = base + ".log";
+  impl->event_path = base + ".events.jsonl";
+  auto logger = openRankLogger(config, impl->log_path);
+  if (!logger) return logger.status();
+  impl->logger = std::move(*logger);
+  auto events = EventLog::open(impl->event_path, id, *impl->clock);
+  if (!events) return events.status();
+  impl->events = std::move(*events);
+  impl->progress = std::make_unique<ProgressTracker>(impl->clock->monotonicNow(), config.budgets.warmup_count);
+
+  WatchdogOptions wopts;
+  wopts.interval = fromSeconds(config.watchdog_interval_s);
+  wopts.heartbeat_timeout = fromSeconds(config.heartbeat_timeout_s);
+  wopts.policy = config.budgets;
+  wopts.explicit_budgets_s = config.section_budgets_s;
+  Impl* m = impl.get();
+  Watchdog::Hooks hooks;
+  hooks.on_tick = [m] { m->onTick(); };
+  hooks.on_warn = [m](const StallReport& r) { m->onWarn(r); };
+  hooks.on_stall = [m](const StallReport& r) { m->onStall(r); };
+  hooks.on_unresponsive = [m](Nanos silent) { m->onUnresponsive(silent); };
+  hooks.on_abort_deadline = [m] { m->onAbortDeadline(); };
+  auto watchdog = Watchdog::create(*impl->progress, *impl->clock, wopts, std::move(hooks));
+  if (!watchdog) return watchdog.status();
+  impl->watchdog = std::move(*watchdog);
+  impl->config = std::move(config);
+
+  const Config& c = impl->config;
+  auto gpu = describeLocalGpu(c.identity.local_rank);
+  std::string gpu_text = gpu ? fmt::format("GPU {} {} bus {} {}", gpu->index, gpu->name, gpu->pci_bus_id, gpu->uuid)
+                             : gpu.status().message();
+  impl->logger.logger->info(
+      "trainsup {} supervising job '{}' rank {}/{} (local {}/{}, group {}) pid {} restart {}; {}; logs {} and {}",
+      kVersionString, c.identity.job_id, c.identity.rank, c.identity.world_size, c.identity.local_rank,
+      c.identity.local_world_size, c.identity.group_rank, getpid(), c.identity.restart_count, gpu_text,
+      impl->log_path, impl->event_path);
+  std::string budgets;
+  for (const auto& [name, s] : c.section_budgets_s) budgets += (budgets.empty() ? "" : ",") + name + "=" + fmt::format("{}", s);
+  impl->events->write("supervisor_start",
+                      {{"version", kVersionString},
+                       {"group_rank", c.identity.group_rank},
+                       {"local_world_size", c.identity.local_world_size},
+                       {"master_addr", c.identity.master_addr},
+                       {"master_port", c.identity.master_port},
+                       {"run_id", c.identity.run_id},
+                       {"gpu_index", gpu ? gpu->index : -1},
+                       {"gpu_uuid", gpu ? gpu->uuid : std::string()},
+                       {"gpu_pci_bus_id", gpu ? gpu->pci_bus_id : std::string()},
+                       {"gpu_status", gpu ? std::string("ok") : gpu.status().message()},
+                       {"watchdog", c.watchdog_enabled},
+                       {"stall_action", stallActionName(c.stall_action)},
+                       {"section_budgets", budgets},
+                       {"budget_multiplier", c.budgets.multiplier},
+                       {"budget_floor_s", c.budgets.floor_s},
+                       {"budget_warmup_count", c.budgets.warmup_count},
+                       {"budget_warmup_s", c.budgets.warmup_s},
+                       {"log_file", impl->log_path}});
+  if (c.handle_signals) {
+    impl->owns_signals = stop_signals::install();
+    if (impl->owns_signals) {
+      stop_signals::reset();
+    } else {
+      impl->logger.logger->warn("another Supervisor in this process owns the SIGTERM/SIGINT handlers");
+    }
+  }
+  if (c.watchdog_enabled) impl->watchdog->start();
+  return std::unique_ptr<Supervisor>(new Supervisor(std::move(impl)));
+}
+
+Supervisor::Supervisor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Supervisor::~Supervisor() { close(); }
+
+void Supervisor::close() {
+  if (impl_->closed.exchange(true)) return;
+  impl_->watchdog->stop();
+  impl_->onTick();  // a stop request the watchdog had no tick left to report
+  auto snap = impl_->progress->snapshot();
+  auto steps = impl_->progress->stats(kStepSection);
+  impl_->logger.logger->info("supervisor closed after step {} ({} steps timed)", snap.last_step, steps.count);
+  impl_->events->write("supervisor_stop", {{"last_step", snap.last_step}, {"steps_timed", steps.count}});
+  if (impl_->owns_signals) stop_signals::uninstall();
+  impl_->logger.logger->flush();
+}
+
+Supervisor::Scope Supervisor::step(int64_t step) {
+  if (impl_->training_tid.load(std::memory_order_relaxed) == 0) impl_->training_tid.store(currentTid());
+  impl_->progress->enter(kStepSection, step, impl_->clock->monotonicNow());
+  return Scope(this);
+}
+
+SectionId Supervisor::sectionId(std::string_view name) {
+  auto id = impl_->progress->intern(name);
+  if (!id) throw std::logic_error("trainsup: " + id.status().message());
+  return *id;
+}
+
+Supervisor::Scope Supervisor::section(std::string_view name) { return section(sectionId(name)); }
+
+Supervisor::Scope Supervisor::section(SectionId id) {
+  if (impl_->training_tid.load(std::memory_order_relaxed) == 0) impl_->training_tid.store(currentTid());
+  impl_->progress->enter(id, -1, impl_->clock->monotonicNow());
+  return Scope(this);
+}
+
+void Supervisor::exitSection() { impl_->progress->exit(impl_->clock->monotonicNow()); }
+
+bool Supervisor::stopRequested() const { return impl_->owns_signals && stop_signals::requestedBy() != 0; }
+int Supervisor::stopSignal() const { return impl_->owns_signals ? stop_signals::requestedBy() : 0; }
+
+void Supervisor::addAbortCallback(std::string name, std::function<void(const StallReport&)> callback) {
+  std::lock_guard<std::mutex> lock(impl_->callbacks_mu);
+  impl_->callbacks.emplace_back(std::move(name), std::move(callback));
+}
+
+void Supervisor::log(LogLevel level, std::string_view message) {
+  auto& l = *impl_->logger.logger;
+  switch (level) {
+    case LogLevel::kTrace: l.trace("{}", message); break;
+    case LogLevel::kDebug: l.debug("{}", message); break;
+    case LogLevel::kInfo: l.info("{}", message); break;
+    case LogLevel::kWarn: l.warn("{}", message); break;
+    case LogLevel::kError: l.error("{}", message); break;
+  }
+}
+
+void Supervisor::event(std::string_view name, const EventFields& fields) { impl_->events->write(name, fields); }
+
+const Config& Supervisor::config() const { return impl_->config; }
+const Identity& Supervisor::identity() const { return impl_->config.identity; }
+const std::string& Supervisor::logFilePath() const { return impl_->log_path; }
+const std::string& Supervisor::eventLogPath() const { return impl_->event_path; }
+ProgressTracker& Supervisor::progress() { return *impl_->progress; }
+
+Budget Supervisor::budgetFor(std::string_view section) { return impl_->watchdog->budgetFor(sectionId(section)); }
+
+}  // namespace trainsup

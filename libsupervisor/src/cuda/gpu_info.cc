@@ -1,0 +1,34 @@
+// describeLocalGpu() through the CUDA runtime (linked statically).
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+
+#include "trainsup/gpu.h"
+
+namespace trainsup {
+
+Result<GpuInfo> describeLocalGpu(int local_rank) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return Status::unavailable(std::string("no GPU: cudaGetDeviceCount: ") + cudaGetErrorString(err));
+  }
+  if (count == 0) return Status::unavailable("no GPU: no CUDA device is visible");
+  GpuInfo info;
+  info.index = local_rank % count;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, info.index) == cudaSuccess) {
+    info.name = prop.name;
+    char uuid[64];
+    const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+    std::snprintf(uuid, sizeof(uuid),
+                  "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+                  b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+    info.uuid = uuid;
+  }
+  char bus[32] = {};
+  if (cudaDeviceGetPCIBusId(bus, sizeof(bus), info.index) == cudaSuccess) info.pci_bus_id = bus;
+  return info;
+}
+
+}  // namespace trainsup

@@ -1,0 +1,217 @@
+// The facade end to end inside one process: logs, events, stall handling, signals.
+// The exit hook replaces _exit() so the test can see the code instead of dying.
+#include "trainsup/supervisor.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+namespace trainsup {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string tempDir() {
+  auto dir = std::filesystem::temp_directory_path() /
+             ("trainsup_sup_" + std::to_string(getpid()) + "_" +
+              ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<nlohmann::json> events(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+Config testConfig(const std::string& dir) {
+  Config c;
+  c.identity.host = "test-host-b";
+  c.identity.rank = 2;
+  c.identity.world_size = 4;
+  c.identity.job_id = "unit";
+  c.log_dir = dir;
+  c.log_to_stderr = false;
+  c.watchdog_interval_s = 0.01;
+  c.heartbeat_timeout_s = 5;
+  return c;
+}
+
+TEST(SupervisorTest, FilesAreNamedForJobHostAndRank) {
+  std::string dir = tempDir();
+  auto sup = Supervisor::create(testConfig(dir));
+  ASSERT_TRUE(sup.isOk()) << sup.status().toString();
+  EXPECT_EQ((*sup)->logFilePath(), dir + "/unit-test-host-b-r2.log");
+  EXPECT_EQ((*sup)->eventLogPath(), dir + "/unit-test-host-b-r2.events.jsonl");
+  for (int i = 0; i < 5; ++i) auto s = (*sup)->step(i);
+  (*sup)->log(LogLevel::kInfo, "hello from the loop");
+  (*sup)->close();
+  (*sup)->close();  // idempotent
+  std::string log = slurp((*sup)->logFilePath());
+  EXPECT_NE(log.find("[trainsup host=test-host-b rank=2] hello from the loop"), std::string::npos) << log;
+  auto ev = events((*sup)->eventLogPath());
+  ASSERT_GE(ev.size(), 2u);
+  EXPECT_EQ(ev.front()["event"], "supervisor_start");
+  EXPECT_EQ(ev.back()["event"], "supervisor_stop");
+  EXPECT_EQ(ev.back()["last_step"], 4);
+  EXPECT_EQ(ev.back()["steps_timed"], 5);
+}
+
+TEST(SupervisorTest, BadConfigFailsCreateWithTheSettingsName) {
+  Config c = testConfig(tempDir());
+  c.identity.rank = 9;
+  auto sup = Supervisor::create(c);
+  ASSERT_FALSE(sup.isOk());
+  EXPECT_NE(sup.status().message().find("RANK"), std::string::npos);
+  c = testConfig("/proc/cannot/create/here");
+  sup = Supervisor::create(c);
+  ASSERT_FALSE(sup.isOk());
+  EXPECT_EQ(sup.status().code(), StatusCode::kIoError);
+  EXPECT_NE(sup.status().message().find("/proc/cannot/create/here"), std::string::npos);
+}
+
+TEST(SupervisorTest, StallIsLoggedDumpedAbortedAndExited) {
+  std::string dir = tempDir();
+  Config c = testConfig(dir);
+  c.section_budgets_s["step"] = 0.3;
+  std::promise<int> exited;
+  std::atomic<int> exits{0};
+  Supervisor::Options opts;
+  opts.exit_process = [&](int code) {
+    if (exits.fetch_add(1) == 0) exited.set_value(code);
+  };
+  auto sup = Supervisor::create(c, opts);
+  ASSERT_TRUE(sup.isOk()) << sup.status().toString();
+  std::atomic<int> callback_step{-100};
+  (*sup)->addAbortCallback("record", [&](const StallReport& r) { callback_step = static_cast<int>(r.step); });
+  (*sup)->addAbortCallback("throws", [](const StallReport&) { throw std::runtime_error("boom"); });
+  auto fut = exited.get_future();
+  {
+    auto step = (*sup)->step(17);
+    // This thread is the training loop, and it now stalls inside step 17.
+    ASSERT_EQ(fut.wait_for(seconds(20)), std::future_status::ready);
+  }
+  EXPECT_EQ(fut.get(), kExitStall);
+  EXPECT_EQ(callback_step.load(), 17);
+  (*sup)->close();
+  EXPECT_EQ(exits.load(), 1);
+
+  std::string log = slurp((*sup)->logFilePath());
+  EXPECT_NE(log.find("STALL: section 'step' (step 17)"), std::string::npos) << log;
+  EXPECT_NE(log.find("host=test-host-b rank=2"), std::string::npos);
+  EXPECT_NE(log.find("stack dump:"), std::string::npos);
+  EXPECT_NE(log.find("[training loop]"), std::string::npos);
+  EXPECT_NE(log.find("  #0 "), std::string::npos);
+  EXPECT_NE(log.find("abort callback 'throws' threw: boom"), std::string::npos);
+  std::vector<std::string> names;
+  for (const auto& e : events((*sup)->eventLogPath())) names.push_back(e["event"]);
+  std::vector<std::string> want = {"stall", "stack_dump", "abort_callback", "abort_callback", "exit"};
+  auto it = std::search(names.begin(), names.end(), want.begin(), want.end());
+  EXPECT_NE(it, names.end()) << "event sequence missing";
+  for (const auto& e : events((*sup)->eventLogPath())) {
+    if (e["event"] == "stall") {
+      EXPECT_EQ(e["section"], "step");
+      EXPECT_EQ(e["step"], 17);
+      EXPECT_DOUBLE_EQ(e["budget_s"].get<double>(), 0.3);
+      EXPECT_EQ(e["budget_kind"], "explicit");
+      EXPECT_GE(e["elapsed_s"].get<double>(), 0.3);
+    }
+    if (e["event"] == "exit") EXPECT_EQ(e["code"], kExitStall);
+  }
+}
+
+TEST(SupervisorTest, WarnActionKeepsRunning) {
+  std::string dir = tempDir();
+  Config c = testConfig(dir);
+  c.stall_action = StallAction::kWarn;
+  c.section_budgets_s["eval"] = 0.1;
+  std::atomic<int> exits{0};
+  Supervisor::Options opts;
+  opts.exit_process = [&](int) { ++exits; };
+  auto sup = Supervisor::create(c, opts);
+  ASSERT_TRUE(sup.isOk());
+  // Wait (bounded) for the stall event to appear while inside the eval section.
+  {
+    auto eval = (*sup)->section("eval");
+    auto deadline = std::chrono::steady_clock::now() + seconds(20);
+    bool seen = false;
+    while (!seen && std::chrono::steady_clock::now() < deadline) {
+      for (const auto& e : events((*sup)->eventLogPath())) seen |= e["event"] == "stack_dump";
+      if (!seen) std::this_thread::yield();
+    }
+    ASSERT_TRUE(seen);
+  }
+  (*sup)->close();
+  EXPECT_EQ(exits.load(), 0);
+  int stalls = 0;
+  for (const auto& e : events((*sup)->eventLogPath())) stalls += e["event"] == "stall";
+  EXPECT_EQ(stalls, 1);
+}
+
+TEST(SupervisorTest, SigtermBecomesAStopRequestAndSlurmSignalsAreUntouched) {
+  struct sigaction before_usr1, before_term;
+  sigaction(SIGUSR1, nullptr, &before_usr1);
+  sigaction(SIGTERM, nullptr, &before_term);
+  std::string dir = tempDir();
+  auto sup = Supervisor::create(testConfig(dir));
+  ASSERT_TRUE(sup.isOk());
+  EXPECT_FALSE((*sup)->stopRequested());
+  struct sigaction during;
+  sigaction(SIGUSR1, nullptr, &during);
+  EXPECT_EQ(during.sa_handler, before_usr1.sa_handler);
+  raise(SIGTERM);  // would kill the test without the handler
+  EXPECT_TRUE((*sup)->stopRequested());
+  EXPECT_EQ((*sup)->stopSignal(), SIGTERM);
+  // The watchdog thread turns the flag into a log line and an event.
+  auto deadline = std::chrono::steady_clock::now() + seconds(20);
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& e : events((*sup)->eventLogPath())) seen |= e["event"] == "stop_requested" && e["signal"] == "SIGTERM";
+    if (!seen) std::this_thread::yield();
+  }
+  EXPECT_TRUE(seen);
+  (*sup)->close();
+  struct sigaction after;
+  sigaction(SIGTERM, nullptr, &after);
+  EXPECT_EQ(after.sa_handler, before_term.sa_handler);
+}
+
+TEST(SupervisorTest, ScopesAreCheapAndNest) {
+  auto sup = Supervisor::create(testConfig(tempDir()));
+  ASSERT_TRUE(sup.isOk());
+  auto id = (*sup)->sectionId("data");
+  {
+    auto step = (*sup)->step(1);
+    {
+      auto data = (*sup)->section(id);
+      EXPECT_EQ((*sup)->progress().snapshot().section, id);
+      data.end();
+      data.end();  // harmless
+      EXPECT_EQ((*sup)->progress().snapshot().section, kStepSection);
+    }
+  }
+  EXPECT_EQ((*sup)->progress().snapshot().section, kIdleSection);
+  EXPECT_EQ((*sup)->budgetFor("step").kind, BudgetKind::kWarmup);
+  EXPECT_THROW((*sup)->section(""), std::logic_error);
+}
+
+}  // namespace
+}  // namespace trainsup

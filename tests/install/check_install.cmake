@@ -1,0 +1,26 @@
+# Installs the build tree into a fresh prefix, then configures, builds and runs an out-of-tree
+# consumer that does find_package(trainsup) and links trainsup::supervisor.
+file(REMOVE_RECURSE ${WORK_DIR})
+set(prefix ${WORK_DIR}/prefix)
+function(run)
+  execute_process(COMMAND ${ARGV} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "command failed (${rc}): ${ARGV}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+foreach(f include/trainsup/supervisor.h include/trainsup/version.h lib/cmake/trainsup/trainsupConfig.cmake
+          lib/cmake/trainsup/trainsupConfigVersion.cmake)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "install is missing ${f}")
+  endif()
+endforeach()
+run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=${prefix})
+run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+run(${CMAKE_COMMAND} -E env TRAINSUP_LOG_DIR=${WORK_DIR}/logs TRAINSUP_NODE_NAME=consumer-host
+    ${WORK_DIR}/build/consumer)
+file(GLOB logs ${WORK_DIR}/logs/local-consumer-host-r0.log)
+if(NOT logs)
+  message(FATAL_ERROR "the consumer did not write its rank log under ${WORK_DIR}/logs")
+endif()

@@ -1,0 +1,137 @@
+// The example trainer as a real process: an injected stall at step N with a 2 s step budget
+// must end the process with kExitStall within 3 s of the stall, and its rank log must name
+// the host, the rank and the section and hold a stack trace of the stuck loop.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "subprocess.h"
+#include "trainsup/exit_codes.h"
+
+namespace trainsup {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string tempDir(const std::string& tag) {
+  auto dir = std::filesystem::temp_directory_path() / ("trainsup_example_" + std::to_string(getpid()) + "_" + tag);
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class ExampleStallTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExampleStallTest, StallEndsTheProcessWithinBudgetPlusOneSecond) {
+  const std::string kind = GetParam();
+  const std::string dir = tempDir(kind);
+  testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "1000000", "--stall-at-step", "30", "--stall-kind", kind},
+                           {{"TRAINSUP_NODE_NAME", "node-b-" + kind},
+                            {"TRAINSUP_JOB_ID", "stalltest"},
+                            {"RANK", "3"},
+                            {"WORLD_SIZE", "4"},
+                            {"LOCAL_RANK", "1"},
+                            {"LOCAL_WORLD_SIZE", "2"},
+                            {"TRAINSUP_LOG_DIR", dir},
+                            {"TRAINSUP_SECTION_BUDGETS", "step=2"}});
+  testing::ProcessResult r = proc.wait(seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  ASSERT_TRUE(r.exited) << "killed by signal " << r.signal << "\n" << r.output;
+  EXPECT_EQ(r.exit_code, kExitStall) << r.output;
+
+  // When did the stall begin? The trainer wrote a fault_injected event just before blocking.
+  const std::string base = dir + "/stalltest-node-b-" + kind + "-r3";
+  int64_t injected_ns = -1;
+  std::vector<std::string> names;
+  std::ifstream events(base + ".events.jsonl");
+  std::string line;
+  while (std::getline(events, line)) {
+    auto e = nlohmann::json::parse(line);
+    names.push_back(e["event"]);
+    if (e["event"] == "fault_injected") injected_ns = e["mono_ns"].get<int64_t>();
+    if (e["event"] == "stall") {
+      EXPECT_EQ(e["section"], "step");
+      EXPECT_EQ(e["step"], 30);
+      EXPECT_EQ(e["host"], "node-b-" + kind);
+      EXPECT_EQ(e["rank"], 3);
+    }
+  }
+  ASSERT_GT(injected_ns, 0) << "no fault_injected event";
+  auto ended_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(r.ended.time_since_epoch()).count();
+  double after_stall_s = static_cast<double>(ended_ns - injected_ns) / 1e9;
+  EXPECT_GE(after_stall_s, 2.0) << "ended before the 2 s budget ran out";
+  EXPECT_LE(after_stall_s, 3.0) << "ended more than 1 s after the budget";
+  RecordProperty("seconds_from_stall_to_exit", std::to_string(after_stall_s));
+  std::cout << "[ measure  ] " << kind << ": process ended " << after_stall_s << " s after the stall began\n";
+  for (const char* want : {"stall", "stack_dump", "exit"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << "missing event " << want;
+  }
+
+  std::string log = slurp(base + ".log");
+  EXPECT_NE(log.find("host=node-b-" + kind + " rank=3"), std::string::npos) << log;
+  EXPECT_NE(log.find("STALL: section 'step' (step 30)"), std::string::npos) << log;
+  EXPECT_NE(log.find("[training loop]"), std::string::npos);
+  EXPECT_NE(log.find("  #0 "), std::string::npos);
+  EXPECT_NE(log.find("injectedStall"), std::string::npos) << "the stuck function is not named in the dump";
+  EXPECT_NE(log.find("exiting with code 91"), std::string::npos);
+  // The same lines reach stderr, where torchrun and Slurm collect them.
+  EXPECT_NE(r.output.find("STALL: section 'step'"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ExampleStallTest, ::testing::Values("sleep", "spin", "deadlock"));
+
+TEST(ExampleConfigTest, BadVariableFailsAtStartNamingIt) {
+  testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "5"},
+                           {{"RANK", "abc"}, {"TRAINSUP_LOG_DIR", tempDir("badcfg")}});
+  auto r = proc.wait(seconds(60));
+  ASSERT_TRUE(r.exited) << r.output;
+  EXPECT_EQ(r.exit_code, kExitBadConfig);
+  EXPECT_NE(r.output.find("RANK='abc' is not an integer"), std::string::npos) << r.output;
+}
+
+TEST(ExampleConfigTest, HealthyRunFinishesWithoutVerdict) {
+  const std::string dir = tempDir("healthy");
+  testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "150"},
+                           {{"TRAINSUP_NODE_NAME", "node-a"}, {"TRAINSUP_JOB_ID", "ok"}, {"TRAINSUP_LOG_DIR", dir},
+                            {"TRAINSUP_BUDGET_FLOOR_S", "1"}});
+  auto r = proc.wait(seconds(120));
+  ASSERT_TRUE(r.exited) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  std::string events = slurp(dir + "/ok-node-a-r0.events.jsonl");
+  EXPECT_EQ(events.find("\"stall\""), std::string::npos);
+  EXPECT_NE(events.find("\"supervisor_stop\""), std::string::npos);
+}
+
+TEST(ExampleConfigTest, SigtermStopsAtAStepBoundaryWithTheDocumentedCode) {
+  const std::string dir = tempDir("sigterm");
+  testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "100000000", "--step-sleep-ms", "5"},
+                           {{"TRAINSUP_NODE_NAME", "node-c"}, {"TRAINSUP_JOB_ID", "term"}, {"TRAINSUP_LOG_DIR", dir}});
+  // Wait until training is under way (the first step log line), then ask it to stop.
+  const std::string log_path = dir + "/term-node-c-r0.log";
+  auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (slurp(log_path).find("step 0 loss") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));  // polling a file for a condition, bounded
+  }
+  ASSERT_NE(slurp(log_path).find("step 0 loss"), std::string::npos);
+  kill(proc.pid(), SIGTERM);
+  auto r = proc.wait(seconds(60));
+  ASSERT_TRUE(r.exited) << r.output;
+  EXPECT_EQ(r.exit_code, kExitStopRequested) << r.output;
+  EXPECT_NE(slurp(log_path).find("stop requested by SIGTERM"), std::string::npos);
+  EXPECT_NE(slurp(log_path).find("stop requested: leaving the loop"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace trainsup
