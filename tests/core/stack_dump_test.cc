@@ -41,6 +41,10 @@ namespace trainsup {
 namespace {
 
 TEST(StackDumpTest, EveryThreadAnswersWithItsFrames) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer holds back asynchronous signals to threads parked in intercepted "
+                  "calls, so they cannot answer; the plain build runs this test";
+#endif
   Gate gate;
   std::promise<int> tid_promise;
   std::thread parked(trainsup_test_parked_thread, &gate, &tid_promise);
