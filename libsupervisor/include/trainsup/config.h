@@ -42,8 +42,8 @@ struct Identity {
   int master_port = 0;       // MASTER_PORT
   std::string run_id;        // TORCHELASTIC_RUN_ID
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
-  std::string host;          // TRAINSUP_NODE_NAME, else gethostname()
-  std::string job_id;        // TRAINSUP_JOB_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID, else "local"
+  std::string host;          // TRAINSUP_NODE_NAME, else gethostname(); empty = gethostname()
+  std::string job_id = "local";  // TRAINSUP_JOB_ID, else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID
 };
 
 // How section budgets are learned. A section without an explicit budget gets
@@ -97,6 +97,9 @@ struct TRAINSUP_EXPORT Config {
   // Checks cross-field rules (rank < world_size, positive intervals, ...).
   Status validate() const;
 };
+
+// The OS host name (gethostname), or "unknown-host".
+TRAINSUP_EXPORT std::string osHostName();
 
 // Parses "name=seconds,name=seconds". `what` names the source in error messages.
 TRAINSUP_EXPORT Result<std::map<std::string, double>> parseSectionBudgets(std::string_view text,

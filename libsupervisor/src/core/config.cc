@@ -133,13 +133,13 @@ bool isSafeName(std::string_view s) {
   return true;
 }
 
+}  // namespace
+
 std::string osHostName() {
   char buf[HOST_NAME_MAX + 1] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "unknown-host";
   return buf;
 }
-
-}  // namespace
 
 const char* logLevelName(LogLevel level) {
   switch (level) {

@@ -173,6 +173,7 @@ void Supervisor::Impl::onAbortDeadline() {
 }
 
 Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options options) {
+  if (config.identity.host.empty()) config.identity.host = osHostName();
   if (Status s = config.validate(); !s.isOk()) return s;
   auto impl = std::make_unique<Impl>();
   impl->clock = options.clock != nullptr ? options.clock : &Clock::real();
