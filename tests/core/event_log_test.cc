@@ -109,3 +109,20 @@ TEST(EventLogTest, AFullDiskCountsFailuresWithoutThrowing) {
 
 }  // namespace
 }  // namespace trainsup
+
+namespace trainsup {
+namespace {
+
+TEST(EventLogTest, InvalidRawJsonIsKeptAsText) {
+  Identity id;
+  std::string path = tempDir() + "/e.jsonl";
+  auto log = EventLog::open(path, id, Clock::real());
+  ASSERT_TRUE(log.isOk());
+  (*log)->write("x", {{"bad", RawJson{"{not json"}}});
+  auto lines = readLines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["bad"], "{not json");
+}
+
+}  // namespace
+}  // namespace trainsup

@@ -75,6 +75,16 @@ TEST(SupervisorTest, FilesAreNamedForJobHostAndRank) {
   EXPECT_EQ(ev.back()["steps_timed"], 5);
 }
 
+TEST(SupervisorTest, DefaultConstructedConfigUsesTheOsHostName) {
+  Config c;
+  c.log_dir = tempDir();
+  c.log_to_stderr = false;
+  auto sup = Supervisor::create(c);
+  ASSERT_TRUE(sup.isOk()) << sup.status().toString();
+  EXPECT_EQ((*sup)->identity().host, osHostName());
+  EXPECT_EQ((*sup)->logFilePath(), c.log_dir + "/local-" + osHostName() + "-r0.log");
+}
+
 TEST(SupervisorTest, BadConfigFailsCreateWithTheSettingsName) {
   Config c = testConfig(tempDir());
   c.identity.rank = 9;

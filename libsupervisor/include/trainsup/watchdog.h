@@ -77,6 +77,7 @@ class TRAINSUP_EXPORT Watchdog {
   void bumpHeartbeat() { heartbeat_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
   void setAbortDeadline(Nanos deadline);
+  void clearAbortDeadline();
 
   // The budget currently applying to `id` (for logs and tests).
   Budget budgetFor(SectionId id) const;

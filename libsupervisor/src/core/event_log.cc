@@ -83,7 +83,13 @@ void EventLog::write(std::string_view event, const EventFields& fields) {
         [&](const auto& v) {
           using T = std::decay_t<decltype(v)>;
           if constexpr (std::is_same_v<T, RawJson>) {
-            j[f.key()] = nlohmann::ordered_json::parse(v.text, nullptr, /*allow_exceptions=*/false);
+            auto parsed = nlohmann::ordered_json::parse(v.text, nullptr, /*allow_exceptions=*/false);
+            // Invalid JSON from a caller is kept as text rather than breaking the line.
+            if (parsed.is_discarded()) {
+              j[f.key()] = v.text;
+            } else {
+              j[f.key()] = std::move(parsed);
+            }
           } else {
             j[f.key()] = v;
           }

@@ -1,6 +1,8 @@
 #include "trainsup/supervisor.h"
 
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,7 +37,7 @@ struct Supervisor::Impl {
 
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
   std::atomic<bool> closed{false};
-  int seen_stop_signal = 0;  // watchdog thread only
+  int seen_stop_signal = 0;  // watchdog thread only (close() after the watchdog stopped)
 
   std::mutex callbacks_mu;
   std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> callbacks;  // guarded
@@ -69,11 +71,17 @@ void Supervisor::Impl::terminate(int code) {
 void Supervisor::Impl::emergency(const std::string& message, int code) {
   std::string line = "[trainsup host=" + config.identity.host + " rank=" + std::to_string(config.identity.rank) +
                      "] " + message + "\n";
-  ssize_t ignored = ::write(2, line.data(), line.size());
+  ssize_t ignored = 0;
   int fd = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
   if (fd >= 0) {
     ignored = ::write(fd, line.data(), line.size());
     ::close(fd);
+  }
+  // stderr is often a pipe to the launcher, and a full pipe may be why the process is stuck:
+  // write only if it can take the line now.
+  pollfd p{2, POLLOUT, 0};
+  if (line.size() <= PIPE_BUF && ::poll(&p, 1, 100) == 1 && (p.revents & POLLOUT)) {
+    ignored = ::write(2, line.data(), line.size());
   }
   (void)ignored;
   terminate(code);
@@ -155,6 +163,8 @@ void Supervisor::Impl::onStall(const StallReport& r) {
   events->write("exit", {{"code", kExitStall}, {"reason", exitCodeName(kExitStall)}, {"abort_s", toSeconds(took)}});
   log.flush();
   terminate(kExitStall);
+  // Only a test's exit hook returns here: the abort path is over, so is its deadline.
+  watchdog->clearAbortDeadline();
 }
 
 void Supervisor::Impl::onUnresponsive(Nanos silent) {

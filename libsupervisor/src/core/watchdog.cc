@@ -115,6 +115,8 @@ void Watchdog::setAbortDeadline(Nanos deadline) {
   cv_.notify_all();
 }
 
+void Watchdog::clearAbortDeadline() { abort_deadline_ns_.store(0, std::memory_order_release); }
+
 void Watchdog::watchLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
