@@ -8,7 +8,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config        # toolchain
   libspdlog-dev libfmt-dev                # logs (spdlog)
-  nlohmann-json3-dev                      # event log (JSON lines)
+  nlohmann-json3-dev                      # event log, checkpoint index (JSON)
+  libxxhash-dev                           # checkpoint checksums (XXH3)
   libgtest-dev libgmock-dev               # C++ tests
   libcli11-dev                            # example trainer flags
   libtorch-dev libgloo-dev                # libtorch for the example trainer and torch layer

@@ -58,6 +58,24 @@ struct BudgetPolicy {
   double warn_fraction = 0.5;   // TRAINSUP_WARN_FRACTION: warn once at this fraction of a budget
 };
 
+// Checkpoint settings (trainsup/checkpointer.h).
+enum class BusyPolicy {
+  kSkip,  // a checkpoint due while the previous one still persists is skipped (and recorded)
+  kWait,  // ...or the training thread waits for the previous persist to finish
+};
+TRAINSUP_EXPORT const char* busyPolicyName(BusyPolicy policy);
+
+struct CheckpointOptions {
+  std::string dir = "checkpoints";          // TRAINSUP_CHECKPOINT_DIR
+  double interval_s = 600;                  // TRAINSUP_CHECKPOINT_INTERVAL_S (0 = off)
+  int64_t every_steps = 0;                  // TRAINSUP_CHECKPOINT_EVERY_STEPS (0 = off)
+  int keep = 3;                             // TRAINSUP_CHECKPOINT_KEEP (>= 1)
+  BusyPolicy busy_policy = BusyPolicy::kSkip;  // TRAINSUP_CHECKPOINT_BUSY_POLICY
+  double commit_timeout_s = 600;            // TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S
+  double mtbf_s = 0;                        // TRAINSUP_MTBF_S (0 = unknown)
+  int sync_steps = 10;                      // TRAINSUP_CHECKPOINT_SYNC_STEPS: initial decision spacing
+};
+
 // Where settings come from: the process environment, or a map in tests.
 class TRAINSUP_EXPORT Environment {
  public:
@@ -88,6 +106,8 @@ struct TRAINSUP_EXPORT Config {
   BudgetPolicy budgets;
   // Explicit budgets in seconds by section name; TRAINSUP_SECTION_BUDGETS="step=2,eval=600".
   std::map<std::string, double> section_budgets_s;
+
+  CheckpointOptions checkpoint;
 
   // SIGTERM/SIGINT set a "stop requested" flag instead of killing the process.
   bool handle_signals = true;  // TRAINSUP_HANDLE_SIGNALS

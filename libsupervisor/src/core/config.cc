@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <climits>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <utility>
@@ -152,6 +153,8 @@ const char* logLevelName(LogLevel level) {
   return "info";
 }
 
+const char* busyPolicyName(BusyPolicy policy) { return policy == BusyPolicy::kWait ? "wait" : "skip"; }
+
 const char* stallActionName(StallAction action) {
   return action == StallAction::kWarn ? "warn" : "exit";
 }
@@ -243,6 +246,25 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
     return b.status();
   });
   r.boolean("TRAINSUP_HANDLE_SIGNALS", c.handle_signals);
+  CheckpointOptions& ck = c.checkpoint;
+  r.text("TRAINSUP_CHECKPOINT_DIR", ck.dir);
+  r.number("TRAINSUP_CHECKPOINT_INTERVAL_S", ck.interval_s, /*allow_zero=*/true);
+  r.apply("TRAINSUP_CHECKPOINT_EVERY_STEPS", [&](const std::string& v) {
+    auto n = parseInteger("TRAINSUP_CHECKPOINT_EVERY_STEPS", v, 0, INT64_MAX);
+    if (n) ck.every_steps = *n;
+    return n.status();
+  });
+  r.integer("TRAINSUP_CHECKPOINT_KEEP", ck.keep, 1);
+  r.apply("TRAINSUP_CHECKPOINT_BUSY_POLICY", [&](const std::string& v) -> Status {
+    std::string_view t = trim(v);
+    if (t == "skip") ck.busy_policy = BusyPolicy::kSkip;
+    else if (t == "wait") ck.busy_policy = BusyPolicy::kWait;
+    else return Status::invalidArgument("TRAINSUP_CHECKPOINT_BUSY_POLICY=" + quote(v) + " is not one of skip|wait");
+    return Status::ok();
+  });
+  r.number("TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", ck.commit_timeout_s);
+  r.number("TRAINSUP_MTBF_S", ck.mtbf_s, /*allow_zero=*/true);
+  r.integer("TRAINSUP_CHECKPOINT_SYNC_STEPS", ck.sync_steps, 1);
   if (!r.status().isOk()) return r.status();
   if (Status s = c.validate(); !s.isOk()) return s;
   return c;
@@ -299,6 +321,12 @@ Status Config::validate() const {
   if (heartbeat_timeout_s <= watchdog_interval_s) {
     return bad("heartbeat_timeout_s (TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S)=" + std::to_string(heartbeat_timeout_s) +
                " must exceed watchdog_interval_s=" + std::to_string(watchdog_interval_s));
+  }
+  if (checkpoint.dir.empty()) return bad("checkpoint.dir (TRAINSUP_CHECKPOINT_DIR) must not be empty");
+  if (checkpoint.keep < 1) return bad("checkpoint.keep (TRAINSUP_CHECKPOINT_KEEP)=" + std::to_string(checkpoint.keep) + " must be >= 1");
+  if (!(checkpoint.interval_s >= 0) || checkpoint.every_steps < 0 || !(checkpoint.mtbf_s >= 0) ||
+      !(checkpoint.commit_timeout_s > 0) || checkpoint.sync_steps < 1) {
+    return bad("checkpoint settings: interval_s, every_steps and mtbf_s must be >= 0, commit_timeout_s > 0, sync_steps >= 1");
   }
   for (const auto& [name, seconds] : section_budgets_s) {
     if (name.empty() || !(seconds > 0) || !std::isfinite(seconds)) {

@@ -1,0 +1,109 @@
+// trainsup/checkpointer.h — asynchronous, multi-rank, verified checkpoints (two phases).
+//
+// Phase 1, on the training thread at a step boundary: save() copies the named buffers into
+// reusable staging memory (the only stall) and hands them to the writer thread. Phase 2, on
+// the writer thread: write this rank's shard (temporary name, fsync, rename, fsync dir),
+// report it through the CommitChannel; rank 0 waits until every rank reported a durable shard,
+// then writes MANIFEST.json the same atomic way and applies retention. A checkpoint without its
+// manifest does not exist. At most one persist is in flight; when a checkpoint is due while one
+// is still persisting, the busy policy applies (skip, the default, or wait) and is recorded.
+//
+// Collective calls: maybeSave() must be called by every rank at every step boundary, and
+// save()/restore() by every rank at the same step. Decisions that must agree across ranks
+// (is a time-based checkpoint due? skip because busy?) are made by rank 0 and read by the
+// others through the channel at "decision points": every `sync_steps` steps (rank 0 adapts
+// the value so that decisions happen about every 5 s of wall time) and at every explicit save.
+//
+// Failures: a failed persist (ENOSPC, EIO, a rank that never reported) fails that checkpoint
+// only: the temporary files are removed, older checkpoints are untouched, an event and a log
+// line say why at once, and takeError() returns it on the training thread's next call.
+// restore() takes the newest checkpoint that verifies on every rank, skipping each invalid
+// one with a "checkpoint_skipped" event naming the file and the reason.
+//
+// Threads: save/maybeSave/restore/takeError/waitIdle are for the training thread; stats() and
+// the destructor may be called from any thread. The destructor waits for an in-flight persist.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainsup/checkpoint_format.h"
+#include "trainsup/clock.h"
+#include "trainsup/commit_channel.h"
+#include "trainsup/config.h"
+#include "trainsup/event_log.h"
+#include "trainsup/export.h"
+#include "trainsup/file_system.h"
+#include "trainsup/status.h"
+
+namespace trainsup {
+
+class TRAINSUP_EXPORT Checkpointer {
+ public:
+  struct Hooks {
+    std::function<void(std::string_view event, const EventFields& fields)> event;
+    std::function<void(LogLevel level, const std::string& message)> log;
+  };
+
+  // `channel` may be null only when world_size is 1 (a LocalCommitChannel is used then).
+  static Result<std::unique_ptr<Checkpointer>> create(const CheckpointOptions& options, const Identity& identity,
+                                                      FileSystem& fs, Clock& clock,
+                                                      std::shared_ptr<CommitChannel> channel, Hooks hooks);
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  enum class Outcome { kNotDue, kStarted, kSkippedBusy };
+
+  // Saves if due (interval, every-N-steps). `collect` is called only when a snapshot is taken,
+  // and returns the buffers to copy (valid until it returns to save) and metadata.
+  using Collect = std::function<Status(std::vector<BufferRef>& buffers, std::map<std::string, std::string>& metadata)>;
+  Result<Outcome> maybeSave(int64_t step, const Collect& collect);
+  // Saves now (collective), subject to the busy policy.
+  Result<Outcome> save(int64_t step, const Collect& collect);
+  // Waits until no persist is in flight; returns that persist's error if it failed.
+  Status waitIdle(Nanos timeout);
+  // The first persist error since the last call, or OK.
+  Status takeError();
+
+  // Restores the newest checkpoint that verifies on every rank. `load` gets the manifest and
+  // this rank's shard and reads what it needs (reads verify checksums); a failure makes every
+  // rank move on to the next older checkpoint. Returns the restored step, or nullopt if none.
+  using Load = std::function<Status(const Manifest& manifest, const ShardReader& shard)>;
+  Result<std::optional<int64_t>> restore(const Load& load);
+
+  struct Stats {
+    int64_t started = 0, committed = 0, failed = 0, skipped_busy = 0;
+    int64_t last_committed_step = -1;
+    double last_stall_s = 0;     // snapshot time of the last save
+    double last_persist_s = 0;   // write + commit time of the last committed checkpoint
+    uint64_t last_bytes = 0;
+    double young_daly_s = 0;     // sqrt(2 x stall x MTBF); 0 until both are known
+  };
+  Stats stats() const;
+
+  // The directory of a step's checkpoint.
+  std::string stepDir(int64_t step) const;
+
+ private:
+  struct Impl;
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// What retention would keep and delete in `dir` (newest `keep` valid checkpoints are kept; the
+// newest valid one always). Exposed for tools and tests; Checkpointer applies it after commits.
+struct RetentionPlan {
+  std::vector<int64_t> keep;
+  std::vector<int64_t> remove;  // valid ones past `keep`, and invalid ones older than the newest valid
+};
+TRAINSUP_EXPORT Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int keep);
+// Deletes one checkpoint directory: the manifest first (so a crash leaves it invalid, never
+// half-valid), then shards and temporaries, then the directory.
+TRAINSUP_EXPORT Status removeCheckpoint(FileSystem& fs, const std::string& step_dir);
+
+}  // namespace trainsup

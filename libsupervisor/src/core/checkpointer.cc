@@ -1,0 +1,557 @@
+#include "trainsup/checkpointer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "trainsup/version.h"
+
+namespace trainsup {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+// Rank 0 spaces decision points so that they happen about this often.
+constexpr double kDecisionSpacingS = 5.0;
+
+size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+
+}  // namespace
+
+struct Checkpointer::Impl {
+  // Set at construction.
+  CheckpointOptions options;
+  Identity identity;
+  FileSystem* fs = nullptr;
+  Clock* clock = nullptr;
+  std::shared_ptr<CommitChannel> channel;
+  Hooks hooks;
+  std::string key_base;  // trainsup/ckpt/<job>/<restart>
+
+  // Training thread only.
+  int64_t decision_seq = 0;
+  int64_t next_decision_step = 0;
+  int sync_steps = 10;
+  Nanos last_save_time{0};           // rank 0's clock: when the last checkpoint was taken
+  Nanos last_decision_time{0};
+  int64_t last_decision_step = -1;
+
+  // Staging memory: written by the training thread while no persist is in flight, then read
+  // by the writer thread until the persist ends (handed over under mu).
+  std::unique_ptr<uint8_t, AlignedFree> arena;
+  size_t arena_capacity = 0;
+
+  struct Job {
+    int64_t step = 0;
+    int64_t seq = 0;
+    std::vector<BufferRef> buffers;  // into arena
+    std::map<std::string, std::string> metadata;
+    uint64_t bytes = 0;
+    double stall_s = 0;
+  };
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool busy = false;                // guarded by mu: a job is queued or persisting
+  bool stopping = false;            // guarded by mu
+  std::optional<Job> job;           // guarded by mu
+  Status bg_error;                  // guarded by mu: first unreported persist error
+  Status last_persist;              // guarded by mu
+  Stats stats;                      // guarded by mu
+  std::thread writer;
+
+  void event(std::string_view name, const EventFields& f) {
+    if (hooks.event) hooks.event(name, f);
+  }
+  void log(LogLevel l, const std::string& m) {
+    if (hooks.log) hooks.log(l, m);
+  }
+  std::string stepDir(int64_t step) const { return joinPath(options.dir, checkpointDirName(step)); }
+  Nanos commitTimeout() const { return fromSeconds(options.commit_timeout_s); }
+
+  bool localDue(int64_t step, Nanos now) const {
+    if (options.every_steps > 0 && step > 0 && step % options.every_steps == 0) return true;
+    return options.interval_s > 0 && now - last_save_time >= fromSeconds(options.interval_s);
+  }
+  bool isBusy() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return busy;
+  }
+  void waitNotBusy() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !busy; });
+  }
+
+  enum class Action { kNone, kSave, kSkip };
+  Result<Action> decide(int64_t step, bool explicit_save);
+  Result<Outcome> snapshot(int64_t step, int64_t seq, const Collect& collect);
+  void writerLoop();
+  void persist(Job& job);
+  Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
+  void applyRetention();
+};
+
+std::string Checkpointer::stepDir(int64_t step) const { return impl_->stepDir(step); }
+
+Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const CheckpointOptions& options, const Identity& identity,
+                                                           FileSystem& fs, Clock& clock,
+                                                           std::shared_ptr<CommitChannel> channel, Hooks hooks) {
+  if (!channel) {
+    if (identity.world_size != 1) {
+      return Status::invalidArgument("checkpoints of a job with world size " + std::to_string(identity.world_size) +
+                                     " need a commit channel (the job's c10d store)");
+    }
+    channel = std::make_shared<LocalCommitChannel>();
+  }
+  if (Status s = fs.createDirs(options.dir); !s.isOk()) {
+    return Status::ioError("checkpoint directory (TRAINSUP_CHECKPOINT_DIR): " + s.message());
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  impl->identity = identity;
+  impl->fs = &fs;
+  impl->clock = &clock;
+  impl->channel = std::move(channel);
+  impl->hooks = std::move(hooks);
+  impl->key_base = "trainsup/ckpt/" + identity.job_id + "/" + std::to_string(identity.restart_count);
+  impl->sync_steps = options.sync_steps;
+  impl->last_save_time = clock.monotonicNow();
+  impl->last_decision_time = impl->last_save_time;
+  Impl* m = impl.get();
+  impl->writer = std::thread([m] { m->writerLoop(); });
+  return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
+}
+
+Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Checkpointer::~Checkpointer() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->writer.joinable()) impl_->writer.join();
+}
+
+// Decision points: rank 0 decides, the others read its decision. With one rank, no channel.
+Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool explicit_save) {
+  const Nanos now = clock->monotonicNow();
+  const bool multi = identity.world_size > 1;
+  if (!multi) {
+    if (!explicit_save && !localDue(step, now)) return Action::kNone;
+    return (isBusy() && options.busy_policy == BusyPolicy::kSkip) ? Action::kSkip : Action::kSave;
+  }
+  const int64_t seq = ++decision_seq;
+  const std::string key = key_base + "/decision/" + std::to_string(seq);
+  std::string value;
+  if (identity.rank == 0) {
+    Action a = Action::kNone;
+    if (explicit_save || localDue(step, now)) {
+      a = (isBusy() && options.busy_policy == BusyPolicy::kSkip) ? Action::kSkip : Action::kSave;
+    }
+    // Space the next decision point about kDecisionSpacingS apart (or a tenth of the interval).
+    if (last_decision_step >= 0 && step > last_decision_step) {
+      double step_s = toSeconds(now - last_decision_time) / static_cast<double>(step - last_decision_step);
+      double target = options.interval_s > 0 ? std::min(kDecisionSpacingS, options.interval_s / 10) : kDecisionSpacingS;
+      if (step_s > 0) sync_steps = static_cast<int>(std::clamp(std::floor(target / step_s), 1.0, 10000.0));
+    }
+    value = std::string(a == Action::kSave ? "save" : a == Action::kSkip ? "skip" : "none") + " " +
+            std::to_string(sync_steps);
+    if (Status s = channel->set(key, value); !s.isOk()) return s;
+    if (seq > 2) channel->remove(key_base + "/decision/" + std::to_string(seq - 2));
+  } else {
+    auto got = channel->get(key, commitTimeout());
+    if (!got) return Status(got.status().code(), "checkpoint decision from rank 0: " + got.status().message());
+    value = *got;
+  }
+  last_decision_time = now;
+  last_decision_step = step;
+  size_t sp = value.find(' ');
+  std::string word = value.substr(0, sp);
+  if (sp != std::string::npos) sync_steps = std::max(1, std::atoi(value.c_str() + sp + 1));
+  if (word == "save") return Action::kSave;
+  if (word == "skip") return Action::kSkip;
+  return Action::kNone;
+}
+
+Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collect& collect) {
+  Impl& m = *impl_;
+  bool decision_point = m.identity.world_size == 1 || step >= m.next_decision_step ||
+                        (m.options.every_steps > 0 && step > 0 && step % m.options.every_steps == 0);
+  if (!decision_point) return Outcome::kNotDue;
+  auto action = m.decide(step, /*explicit_save=*/false);
+  if (!action) return action.status();
+  m.next_decision_step = step + m.sync_steps;
+  if (*action == Impl::Action::kNone) return Outcome::kNotDue;
+  if (*action == Impl::Action::kSkip) {
+    std::lock_guard<std::mutex> lock(m.mu);
+    ++m.stats.skipped_busy;
+  }
+  if (*action == Impl::Action::kSkip) {
+    m.last_save_time = m.clock->monotonicNow();  // the next one is due an interval from now
+    m.event("checkpoint_skipped_busy", {{"step", step}, {"policy", busyPolicyName(m.options.busy_policy)}});
+    m.log(LogLevel::kWarn, "checkpoint at step " + std::to_string(step) +
+                               " skipped: the previous one is still persisting (busy policy 'skip')");
+    return Outcome::kSkippedBusy;
+  }
+  return m.snapshot(step, m.decision_seq, collect);
+}
+
+Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& collect) {
+  Impl& m = *impl_;
+  auto action = m.decide(step, /*explicit_save=*/true);
+  if (!action) return action.status();
+  if (*action == Impl::Action::kSkip) {
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      ++m.stats.skipped_busy;
+    }
+    m.event("checkpoint_skipped_busy", {{"step", step}, {"policy", busyPolicyName(m.options.busy_policy)}});
+    return Outcome::kSkippedBusy;
+  }
+  return m.snapshot(step, m.decision_seq, collect);
+}
+
+Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t seq, const Collect& collect) {
+  // Told to save while our previous persist is still finishing (wait policy, or rank 0 found
+  // itself idle a moment before us): wait for it, so every rank saves the same steps.
+  const Nanos wait_start = clock->monotonicNow();
+  waitNotBusy();
+  const double waited_s = toSeconds(clock->monotonicNow() - wait_start);
+  const Nanos start = clock->monotonicNow();
+  std::vector<BufferRef> sources;
+  std::map<std::string, std::string> metadata;
+  if (Status s = collect(sources, metadata); !s.isOk()) return s;
+  size_t total = 0;
+  for (const auto& b : sources) total += alignUp(b.nbytes);
+  if (total > arena_capacity) {
+    // Grows only; reused by every later checkpoint of the same or smaller size.
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, std::max<size_t>(total, 4096)) != 0) {
+      return Status::ioError("cannot allocate " + std::to_string(total) + " bytes of checkpoint staging memory");
+    }
+    arena.reset(static_cast<uint8_t*>(p));
+    arena_capacity = total;
+  }
+  Job j;
+  j.step = step;
+  j.seq = seq;
+  j.metadata = std::move(metadata);
+  size_t off = 0;
+  for (const auto& b : sources) {
+    std::memcpy(arena.get() + off, b.data, b.nbytes);
+    BufferRef staged = b;
+    staged.data = arena.get() + off;
+    j.buffers.push_back(std::move(staged));
+    off += alignUp(b.nbytes);
+    j.bytes += b.nbytes;
+  }
+  j.stall_s = toSeconds(clock->monotonicNow() - start);
+  last_save_time = clock->monotonicNow();
+  const double stall = j.stall_s;
+  const uint64_t bytes = j.bytes;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    busy = true;
+    job = std::move(j);
+    ++stats.started;
+    stats.last_stall_s = stall;
+    if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall * options.mtbf_s);
+  }
+  cv.notify_all();
+  event("checkpoint_snapshot", {{"step", step}, {"bytes", bytes}, {"stall_s", stall}, {"waited_s", waited_s}});
+  return Outcome::kStarted;
+}
+
+void Checkpointer::Impl::writerLoop() {
+  for (;;) {
+    Job j;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return stopping || job.has_value(); });
+      if (!job) return;  // stopping with nothing queued
+      j = std::move(*job);
+      job.reset();
+    }
+    persist(j);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      busy = false;
+    }
+    cv.notify_all();
+  }
+}
+
+void Checkpointer::Impl::persist(Job& j) {
+  const Nanos start = clock->monotonicNow();
+  const Nanos deadline = start + commitTimeout();
+  const std::string dir = stepDir(j.step);
+  const std::string prefix = key_base + "/save/" + std::to_string(j.seq);
+  ShardInfo mine;
+  Status s = fs->createDirs(dir);
+  if (s.isOk()) s = writeShard(*fs, dir, identity.rank, identity.world_size, j.step, j.buffers, &mine);
+  // Report to rank 0 either way, so it does not wait for a shard that will never come.
+  std::string report = s.isOk() ? "ok " + std::to_string(mine.file_size) + " " + std::to_string(mine.index_xxh3)
+                                : "fail " + s.message();
+  Status ps = channel->set(prefix + "/shard/" + std::to_string(identity.rank), report);
+  Status result = s;
+  if (result.isOk() && !ps.isOk()) result = ps;
+  if (identity.rank == 0) {
+    Status c = commitAsRankZero(j, mine, prefix, deadline);
+    if (result.isOk()) result = c;
+  } else if (result.isOk()) {
+    auto got = channel->get(prefix + "/result", std::max(Nanos(0), deadline - clock->monotonicNow()));
+    if (!got) {
+      result = Status(got.status().code(), "waiting for rank 0 to commit: " + got.status().message());
+    } else if (*got != "committed") {
+      result = Status::ioError("checkpoint not committed: " + *got);
+    }
+  }
+  const double persist_s = toSeconds(clock->monotonicNow() - start);
+  if (result.isOk()) {
+    double yd = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.committed;
+      stats.last_committed_step = j.step;
+      stats.last_persist_s = persist_s;
+      stats.last_bytes = j.bytes;
+      yd = stats.young_daly_s;
+      last_persist = Status::ok();
+    }
+    event("checkpoint_committed", {{"step", j.step},
+                                   {"dir", dir},
+                                   {"bytes", j.bytes},
+                                   {"stall_s", j.stall_s},
+                                   {"persist_s", persist_s},
+                                   {"young_daly_interval_s", yd}});
+    log(LogLevel::kInfo, "checkpoint step " + std::to_string(j.step) + " committed in " + dir + " (" +
+                             std::to_string(j.bytes >> 20) + " MiB, stall " + std::to_string(j.stall_s) +
+                             " s, persist " + std::to_string(persist_s) + " s" +
+                             (yd > 0 ? ", Young/Daly interval " + std::to_string(yd) + " s" : "") + ")");
+  } else {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.failed;
+      if (bg_error.isOk()) bg_error = result;
+      last_persist = result;
+    }
+    event("checkpoint_failed", {{"step", j.step}, {"dir", dir}, {"reason", result.message()}});
+    log(LogLevel::kError, "checkpoint step " + std::to_string(j.step) + " FAILED (training continues; older "
+                          "checkpoints are intact): " + result.message());
+  }
+}
+
+Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine, const std::string& prefix,
+                                            Nanos deadline) {
+  const std::string dir = stepDir(j.step);
+  Manifest m;
+  m.step = j.step;
+  m.world_size = identity.world_size;
+  m.created_unix_s = std::chrono::duration<double>(clock->wallNow().time_since_epoch()).count();
+  m.library_version = kVersionString;
+  m.job_id = identity.job_id;
+  m.metadata = j.metadata;
+  std::string failure;
+  for (int r = 0; r < identity.world_size; ++r) {
+    auto got = channel->get(prefix + "/shard/" + std::to_string(r), std::max(Nanos(0), deadline - clock->monotonicNow()));
+    if (!got) {
+      failure = "rank " + std::to_string(r) + " did not report its shard: " + got.status().message();
+      break;
+    }
+    if (got->rfind("ok ", 0) != 0) {
+      failure = "rank " + std::to_string(r) + ": " + got->substr(std::min<size_t>(5, got->size()));
+      break;
+    }
+    ManifestShard ms;
+    ms.rank = r;
+    ms.file = shardFileName(r, identity.world_size);
+    char* end = nullptr;
+    ms.size = std::strtoull(got->c_str() + 3, &end, 10);
+    ms.xxh3 = std::strtoull(end, nullptr, 10);
+    m.shards.push_back(ms);
+  }
+  (void)mine;
+  Status s = failure.empty() ? writeManifest(*fs, dir, m) : Status::ioError(failure);
+  channel->set(prefix + "/result", s.isOk() ? "committed" : "failed: " + s.message());
+  // Everyone has finished the previous save's keys by now (they reported this one).
+  if (j.seq > 1) {
+    const std::string old = key_base + "/save/" + std::to_string(j.seq - 1);
+    for (int r = 0; r < identity.world_size; ++r) channel->remove(old + "/shard/" + std::to_string(r));
+    channel->remove(old + "/result");
+  }
+  if (s.isOk()) applyRetention();
+  return s;
+}
+
+void Checkpointer::Impl::applyRetention() {
+  auto plan = planRetention(*fs, options.dir, options.keep);
+  if (!plan) {
+    log(LogLevel::kWarn, "checkpoint retention skipped: " + plan.status().message());
+    return;
+  }
+  for (int64_t step : plan->remove) {
+    Status s = removeCheckpoint(*fs, stepDir(step));
+    event("checkpoint_removed", {{"step", step}, {"dir", stepDir(step)}, {"ok", s.isOk()}, {"error", s.message()}});
+    if (!s.isOk()) log(LogLevel::kWarn, "retention could not remove " + stepDir(step) + ": " + s.message());
+  }
+}
+
+Status Checkpointer::waitIdle(Nanos timeout) {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  if (!impl_->cv.wait_for(lock, timeout, [&] { return !impl_->busy; })) {
+    return Status::timedOut("checkpoint persist still running after " + std::to_string(toSeconds(timeout)) + " s");
+  }
+  return impl_->last_persist;
+}
+
+Status Checkpointer::takeError() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Status s = impl_->bg_error;
+  impl_->bg_error = Status::ok();
+  return s;
+}
+
+Checkpointer::Stats Checkpointer::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+// Every rank checks its own shard of each candidate (newest first) while loading it, then the
+// ranks agree through the channel: a candidate is restored only if it loaded on every rank.
+Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
+  Impl& m = *impl_;
+  const Nanos start = m.clock->monotonicNow();
+  auto names = m.fs->listDir(m.options.dir);
+  if (!names) return names.status().code() == StatusCode::kNotFound ? Result<std::optional<int64_t>>(std::nullopt)
+                                                                      : Result<std::optional<int64_t>>(names.status());
+  std::vector<int64_t> steps;
+  for (const auto& n : *names) {
+    if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  int world_mismatches = 0;
+  int mismatch_world = 0;
+  for (int64_t step : steps) {
+    const std::string dir = m.stepDir(step);
+    std::string file = joinPath(dir, kManifestName);
+    Status st;
+    auto manifest = readManifest(*m.fs, dir);
+    std::unique_ptr<ShardReader> shard;
+    if (!manifest) {
+      st = manifest.status().code() == StatusCode::kNotFound ? Status::notFound("missing manifest") : manifest.status();
+    } else if (manifest->world_size != m.identity.world_size) {
+      ++world_mismatches;
+      mismatch_world = manifest->world_size;
+      st = Status::invalidArgument("world-size mismatch: written by world size " + std::to_string(manifest->world_size) +
+                                   ", this job has " + std::to_string(m.identity.world_size));
+    } else {
+      const ManifestShard& ms = manifest->shards[static_cast<size_t>(m.identity.rank)];
+      file = joinPath(dir, ms.file);
+      // Size first: a truncated or overwritten shard is named for what is wrong with it.
+      auto raw = m.fs->newReadableFile(file);
+      Result<std::unique_ptr<ShardReader>> opened = Status::internal("not opened");
+      if (!raw) {
+        st = raw.status().code() == StatusCode::kNotFound ? Status::notFound("missing shard") : raw.status();
+      } else if ((*raw)->size() != ms.size) {
+        st = Status::corruption("size mismatch: " + std::to_string((*raw)->size()) + " bytes, the manifest says " +
+                                std::to_string(ms.size));
+      } else if (!(opened = ShardReader::open(*m.fs, file))) {
+        st = opened.status();
+      } else if ((*opened)->info().index_xxh3 != ms.xxh3) {
+        st = Status::corruption("checksum mismatch: the shard's index differs from the manifest");
+      } else {
+        st = load(*manifest, **opened);
+      }
+    }
+    // Agree: every rank adds its vote; the last one publishes the count of successes.
+    std::string agreed_failure;
+    if (m.identity.world_size > 1) {
+      const std::string k = m.key_base + "/restore/" + std::to_string(step);
+      if (!st.isOk()) m.channel->set(k + "/why", "rank " + std::to_string(m.identity.rank) + ": " + st.message());
+      auto oks = m.channel->add(k + "/ok", st.isOk() ? 1 : 0);
+      auto n = m.channel->add(k + "/n", 1);
+      if (!oks || !n) return !oks ? oks.status() : n.status();
+      if (*n == m.identity.world_size) m.channel->set(k + "/done", "1");
+      auto done = m.channel->get(k + "/done", m.commitTimeout());
+      if (!done) return Status(done.status().code(), "restore agreement: " + done.status().message());
+      auto total_ok = m.channel->add(k + "/ok", 0);
+      if (!total_ok) return total_ok.status();
+      if (st.isOk() && *total_ok != m.identity.world_size) {
+        auto why = m.channel->get(k + "/why", std::chrono::seconds(5));
+        agreed_failure = why ? *why : "another rank could not load it";
+      }
+    }
+    if (st.isOk() && agreed_failure.empty()) {
+      const double took = toSeconds(m.clock->monotonicNow() - start);
+      m.event("checkpoint_restored", {{"step", step}, {"dir", dir}, {"restore_s", took}});
+      m.log(LogLevel::kInfo, "restored checkpoint step " + std::to_string(step) + " from " + dir + " in " +
+                                 std::to_string(took) + " s");
+      m.last_save_time = m.clock->monotonicNow();
+      return std::optional<int64_t>(step);
+    }
+    std::string reason = st.isOk() ? agreed_failure : st.message();
+    m.event("checkpoint_skipped", {{"step", step}, {"dir", dir}, {"file", file}, {"reason", reason}});
+    m.log(LogLevel::kWarn, "skipping checkpoint " + dir + ": " + reason + " (" + file + ")");
+  }
+  if (world_mismatches > 0) {
+    return Status::invalidArgument("no usable checkpoint in '" + m.options.dir + "': " +
+                                   std::to_string(world_mismatches) + " were written by world size " +
+                                   std::to_string(mismatch_world) + ", this job has " +
+                                   std::to_string(m.identity.world_size) + "; resharding is not supported");
+  }
+  return std::optional<int64_t>(std::nullopt);
+}
+
+Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int keep) {
+  auto names = fs.listDir(dir);
+  if (!names) return names.status();
+  std::vector<int64_t> steps;
+  for (const auto& n : *names) {
+    if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  RetentionPlan plan;
+  bool seen_valid = false;
+  for (int64_t step : steps) {
+    const std::string d = joinPath(dir, checkpointDirName(step));
+    bool valid = false;
+    if (auto m = readManifest(fs, d)) {
+      valid = true;
+      for (const auto& s : m->shards) {
+        auto f = fs.newReadableFile(joinPath(d, s.file));
+        if (!f || (*f)->size() != s.size) {
+          valid = false;
+          break;
+        }
+      }
+    }
+    if (valid && static_cast<int>(plan.keep.size()) < keep) {
+      plan.keep.push_back(step);
+      seen_valid = true;
+    } else if (seen_valid) {
+      plan.remove.push_back(step);  // older than the newest valid: a surplus or a broken one
+    }
+  }
+  return plan;
+}
+
+Status removeCheckpoint(FileSystem& fs, const std::string& step_dir) {
+  if (Status s = fs.removeFile(joinPath(step_dir, kManifestName)); !s.isOk()) return s;
+  if (Status s = fs.syncDir(step_dir); !s.isOk() && s.code() != StatusCode::kIoError) return s;
+  auto names = fs.listDir(step_dir);
+  if (!names) return names.status().code() == StatusCode::kNotFound ? Status::ok() : names.status();
+  for (const auto& n : *names) {
+    if (Status s = fs.removeFile(joinPath(step_dir, n)); !s.isOk()) return s;
+  }
+  return fs.removeDir(step_dir);
+}
+
+}  // namespace trainsup

@@ -1,0 +1,500 @@
+// Checkpoints: format round trip, every kind of damage skipped with its reason, disk errors
+// failing one save only, kill -9 of the writer at each point of a persist, retention, busy
+// policy, and several ranks (as threads) committing and restoring through one channel.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstring>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "checkpoint_test_util.h"
+#include "trainsup/checkpointer.h"
+
+namespace trainsup {
+namespace {
+
+using testing::Events;
+using testing::FaultyFileSystem;
+using testing::freshDir;
+using testing::State;
+using std::chrono::seconds;
+
+CheckpointOptions opts(const std::string& dir, int keep = 3) {
+  CheckpointOptions o;
+  o.dir = dir;
+  o.interval_s = 0;  // explicit saves only unless a test says otherwise
+  o.keep = keep;
+  o.commit_timeout_s = 20;
+  return o;
+}
+
+Identity rankIdentity(int rank, int world) {
+  Identity id;
+  id.rank = rank;
+  id.world_size = world;
+  id.host = "h" + std::to_string(rank);
+  id.job_id = "ckpt";
+  return id;
+}
+
+std::unique_ptr<Checkpointer> make(const CheckpointOptions& o, FileSystem& fs, Events& ev, Clock& clock = Clock::real(),
+                                   Identity id = rankIdentity(0, 1), std::shared_ptr<CommitChannel> ch = nullptr) {
+  auto c = Checkpointer::create(o, id, fs, clock, std::move(ch), ev.hooks());
+  if (!c) throw std::runtime_error(c.status().toString());
+  return std::move(*c);
+}
+
+void saveAndCommit(Checkpointer& c, const State& s, int64_t step) {
+  auto r = c.save(step, s.collect(step));
+  ASSERT_TRUE(r.isOk()) << r.status().toString();
+  ASSERT_EQ(*r, Checkpointer::Outcome::kStarted);
+  Status w = c.waitIdle(seconds(30));
+  ASSERT_TRUE(w.isOk()) << w.toString();
+}
+
+std::optional<int64_t> restoreInto(Checkpointer& c, State& s) {
+  auto r = c.restore(s.load());
+  if (!r) throw std::runtime_error(r.status().toString());
+  return *r;
+}
+
+void flipByte(const std::string& path, uint64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x40);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+TEST(CheckpointFormatTest, ShardAndManifestRoundTripBitwise) {
+  std::string dir = freshDir("format");
+  State s(7);
+  ShardInfo info;
+  ASSERT_TRUE(writeShard(FileSystem::posix(), dir, 2, 4, 99, s.refs(), &info).isOk());
+  EXPECT_EQ(info.tensors.size(), 3u);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/.shard-r00002-of-00004.tsc.tmp"));
+  auto reader = ShardReader::open(FileSystem::posix(), dir + "/" + shardFileName(2, 4));
+  ASSERT_TRUE(reader.isOk()) << reader.status().toString();
+  EXPECT_EQ((*reader)->info().rank, 2);
+  EXPECT_EQ((*reader)->info().step, 99);
+  EXPECT_EQ((*reader)->info().index_xxh3, info.index_xxh3);
+  const TensorEntry* w = (*reader)->find("model.weight");
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->meta.dtype, DType::kFloat32);
+  EXPECT_EQ(w->meta.shape, std::vector<int64_t>{4096});
+  EXPECT_EQ(w->offset % 64, 0u);
+  State back(0);
+  ASSERT_TRUE(s.load()(Manifest{}, **reader).isOk());
+  ASSERT_TRUE(back.load()(Manifest{}, **reader).isOk());
+  EXPECT_TRUE(back == s);
+  EXPECT_TRUE((*reader)->verifyAll().isOk());
+
+  Manifest m;
+  m.step = 99;
+  m.world_size = 1;
+  m.job_id = "j";
+  m.shards = {{0, "a.tsc", 123, 0xdeadbeefcafef00dULL}};
+  m.metadata = {{"epoch", "3"}};
+  ASSERT_TRUE(writeManifest(FileSystem::posix(), dir, m).isOk());
+  auto rm = readManifest(FileSystem::posix(), dir);
+  ASSERT_TRUE(rm.isOk()) << rm.status().toString();
+  EXPECT_EQ(rm->shards[0].xxh3, 0xdeadbeefcafef00dULL);
+  EXPECT_EQ(rm->metadata.at("epoch"), "3");
+  // Any edit of the manifest breaks its checksum.
+  std::string text;
+  {
+    std::ifstream in(dir + "/MANIFEST.json");
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text.replace(text.find("\"3\""), 3, "\"4\"");
+  std::ofstream(dir + "/MANIFEST.json") << text;
+  auto bad = readManifest(FileSystem::posix(), dir);
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.status().message().find("checksum mismatch"), std::string::npos);
+}
+
+TEST(CheckpointFormatTest, BadBuffersAreRejected) {
+  std::string dir = freshDir("badbuf");
+  float x[4] = {};
+  std::vector<BufferRef> dup = {{{"a", DType::kFloat32, {4}}, x, 16}, {{"a", DType::kFloat32, {4}}, x, 16}};
+  EXPECT_EQ(writeShard(FileSystem::posix(), dir, 0, 1, 1, dup, nullptr).code(), StatusCode::kInvalidArgument);
+  std::vector<BufferRef> wrong = {{{"a", DType::kFloat32, {5}}, x, 16}};
+  EXPECT_EQ(writeShard(FileSystem::posix(), dir, 0, 1, 1, wrong, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+// Makes valid checkpoints at steps 1 and 2 (different states), damages step 2 with `damage`,
+// and expects restore to skip it with `reason` and load step 1 bitwise.
+void expectSkipped(const std::string& tag, const std::function<void(const std::string& step2_dir)>& damage,
+                   const std::string& reason) {
+  std::string dir = freshDir(tag);
+  Events ev;
+  auto c = make(opts(dir), FileSystem::posix(), ev);
+  State s1(1), s2(2);
+  saveAndCommit(*c, s1, 1);
+  saveAndCommit(*c, s2, 2);
+  damage(c->stepDir(2));
+  State got(0);
+  auto step = restoreInto(*c, got);
+  ASSERT_TRUE(step.has_value()) << tag;
+  EXPECT_EQ(*step, 1) << tag;
+  EXPECT_TRUE(got == s1) << tag;
+  auto reasons = ev.reasons("checkpoint_skipped");
+  ASSERT_EQ(reasons.size(), 1u) << tag;
+  EXPECT_NE(reasons[0].find(reason), std::string::npos) << tag << ": " << reasons[0];
+}
+
+TEST(CheckpointRestoreTest, DamagedCheckpointsAreSkippedWithTheRightReason) {
+  const std::string shard = "/" + shardFileName(0, 1);
+  expectSkipped("truncated", [&](const std::string& d) {
+    std::filesystem::resize_file(d + shard, std::filesystem::file_size(d + shard) / 2);
+  }, "size mismatch");
+  expectSkipped("flipped", [&](const std::string& d) { flipByte(d + shard, 100); }, "checksum mismatch in tensor");
+  expectSkipped("nomanifest", [&](const std::string& d) { std::filesystem::remove(d + "/MANIFEST.json"); },
+                "missing manifest");
+  expectSkipped("noshard", [&](const std::string& d) { std::filesystem::remove(d + shard); }, "missing shard");
+  expectSkipped("badheader", [&](const std::string& d) { flipByte(d + shard, 2); }, "bad header");
+  expectSkipped("footer", [&](const std::string& d) {
+    flipByte(d + shard, std::filesystem::file_size(d + shard) - 20);
+  }, "bad footer");
+  expectSkipped("index", [&](const std::string& d) {
+    flipByte(d + shard, std::filesystem::file_size(d + shard) - 60);
+  }, "checksum mismatch in the index");
+  // A shard from another checkpoint in its place: right format, wrong content for this manifest.
+  expectSkipped("swapped", [&](const std::string& d) {
+    State other(3, 4000);
+    ShardInfo info;
+    ASSERT_TRUE(writeShard(FileSystem::posix(), d, 0, 1, 2, other.refs(), &info).isOk());
+  }, "size mismatch");
+  expectSkipped("sameSizeSwap", [&](const std::string& d) {
+    State other(3);
+    ShardInfo info;
+    ASSERT_TRUE(writeShard(FileSystem::posix(), d, 0, 1, 2, other.refs(), &info).isOk());
+  }, "differs from the manifest");
+}
+
+TEST(CheckpointRestoreTest, WorldSizeMismatchIsSkippedAndAClearErrorWhenNothingElseFits) {
+  std::string dir = freshDir("world");
+  Events ev;
+  auto one = make(opts(dir), FileSystem::posix(), ev);
+  State s(1);
+  saveAndCommit(*one, s, 5);
+  one.reset();
+  auto channel = std::make_shared<LocalCommitChannel>();
+  // Restore as rank 0 of 2 (the other rank is a thread, so the agreement completes).
+  auto other = std::async(std::launch::async, [&] {
+    Events e2;
+    auto c = make(opts(dir), FileSystem::posix(), e2, Clock::real(), rankIdentity(1, 2), channel);
+    State x(0);
+    return c->restore(x.load()).status();
+  });
+  auto c = make(opts(dir), FileSystem::posix(), ev, Clock::real(), rankIdentity(0, 2), channel);
+  State x(0);
+  auto r = c->restore(x.load());
+  ASSERT_FALSE(r.isOk());
+  EXPECT_NE(r.status().message().find("world size 1, this job has 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("resharding is not supported"), std::string::npos);
+  EXPECT_FALSE(other.get().isOk());
+  auto reasons = ev.reasons("checkpoint_skipped");
+  ASSERT_FALSE(reasons.empty());
+  EXPECT_NE(reasons.back().find("world-size mismatch"), std::string::npos);
+}
+
+TEST(CheckpointRestoreTest, EmptyDirectoryRestoresNothing) {
+  Events ev;
+  auto c = make(opts(freshDir("empty")), FileSystem::posix(), ev);
+  State s(0);
+  EXPECT_FALSE(restoreInto(*c, s).has_value());
+}
+
+struct DiskFault {
+  const char* name;
+  FaultyFileSystem::Op op;
+  int err;
+};
+
+TEST(CheckpointFaultTest, DiskErrorsFailOneSaveAndTrainingContinues) {
+  for (DiskFault f : {DiskFault{"enospc_write", FaultyFileSystem::Op::kAppend, ENOSPC},
+                      DiskFault{"eio_write", FaultyFileSystem::Op::kAppend, EIO},
+                      DiskFault{"enospc_fsync", FaultyFileSystem::Op::kSync, ENOSPC},
+                      DiskFault{"eio_fsync", FaultyFileSystem::Op::kSync, EIO}}) {
+    SCOPED_TRACE(f.name);
+    std::string dir = freshDir(f.name);
+    FaultyFileSystem fs;
+    Events ev;
+    auto c = make(opts(dir), fs, ev);
+    State s1(1), s2(2), s3(3);
+    saveAndCommit(*c, s1, 1);
+    fs.arm({f.op, "shard", 5000, Status::ioError(std::string("injected: ") + std::strerror(f.err))});
+    auto r = c->save(2, s2.collect(2));
+    ASSERT_TRUE(r.isOk());  // the stall part succeeded; the persist fails in the background
+    Status w = c->waitIdle(seconds(30));
+    EXPECT_FALSE(w.isOk());
+    EXPECT_NE(w.message().find(std::strerror(f.err)), std::string::npos) << w.message();
+    Status reported = c->takeError();
+    EXPECT_FALSE(reported.isOk());
+    EXPECT_TRUE(c->takeError().isOk());  // reported once
+    EXPECT_EQ(ev.count("checkpoint_failed"), 1);
+    EXPECT_FALSE(std::filesystem::exists(c->stepDir(2) + "/MANIFEST.json"));
+    EXPECT_FALSE(std::filesystem::exists(c->stepDir(2) + "/.shard-r00000-of-00001.tsc.tmp"));
+    // The next save works, and the old one is intact.
+    saveAndCommit(*c, s3, 3);
+    State got(0);
+    EXPECT_EQ(restoreInto(*c, got), 3);
+    EXPECT_TRUE(got == s3);
+    std::filesystem::remove_all(c->stepDir(3));
+    EXPECT_EQ(restoreInto(*c, got), 1);
+    EXPECT_TRUE(got == s1);
+  }
+}
+
+// kill -9 of the writing process at each point of a persist leaves the previous checkpoint
+// restorable and the interrupted one invalid.
+TEST(CheckpointFaultTest, KillNineAtEachPointOfAPersist) {
+  struct Point {
+    const char* name;
+    FaultyFileSystem::Fault fault;
+  };
+  const std::vector<Point> points = {
+      {"before_data", {FaultyFileSystem::Op::kAppend, "shard", 0, Status::ok()}},
+      {"mid_data", {FaultyFileSystem::Op::kAppend, "shard", 8000, Status::ok()}},
+      {"before_rename", {FaultyFileSystem::Op::kRename, "shard", 0, Status::ok()}},
+      {"before_manifest", {FaultyFileSystem::Op::kCreate, "MANIFEST", 0, Status::ok()}},
+      {"before_manifest_rename", {FaultyFileSystem::Op::kRename, "MANIFEST", 0, Status::ok()}},
+  };
+  for (const Point& p : points) {
+    SCOPED_TRACE(p.name);
+    std::string dir = freshDir(std::string("kill_") + p.name);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      // The child: commit step 1, then die inside the persist of step 2.
+      FaultyFileSystem fs;
+      Events ev;
+      auto c = make(opts(dir), fs, ev);
+      State s1(1), s2(2);
+      if (!c->save(1, s1.collect(1)).isOk() || !c->waitIdle(seconds(30)).isOk()) _exit(3);
+      fs.arm(p.fault);
+      if (!c->save(2, s2.collect(2)).isOk()) _exit(4);
+      c->waitIdle(seconds(30));
+      _exit(5);  // not reached: the fault kills us
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+    ASSERT_EQ(WTERMSIG(status), SIGKILL);
+    Events ev;
+    auto c = make(opts(dir), FileSystem::posix(), ev);
+    State got(0);
+    EXPECT_EQ(restoreInto(*c, got), 1);
+    EXPECT_TRUE(got == State(1));
+    EXPECT_FALSE(std::filesystem::exists(c->stepDir(2) + "/MANIFEST.json"));
+  }
+}
+
+TEST(CheckpointRetentionTest, KeepsNewestKAndNeverTheNewestValid) {
+  std::string dir = freshDir("retention");
+  Events ev;
+  auto c = make(opts(dir, /*keep=*/2), FileSystem::posix(), ev);
+  for (int64_t step = 1; step <= 5; ++step) saveAndCommit(*c, State(static_cast<uint32_t>(step)), step);
+  std::vector<int64_t> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(*parseCheckpointDirName(e.path().filename().string()));
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<int64_t>{4, 5}));
+  // A deletion that crashed after removing the manifest leaves an invalid directory, which is
+  // skipped at restore and removed by the next retention; the newest valid is never touched.
+  std::filesystem::remove(c->stepDir(4) + "/MANIFEST.json");
+  auto plan = planRetention(FileSystem::posix(), dir, 2);
+  ASSERT_TRUE(plan.isOk());
+  EXPECT_EQ(plan->keep, std::vector<int64_t>{5});
+  EXPECT_EQ(plan->remove, std::vector<int64_t>{4});
+  // Even keep=1 with a broken newer directory keeps the newest *valid* one.
+  ASSERT_TRUE(std::filesystem::create_directories(c->stepDir(9)));
+  plan = planRetention(FileSystem::posix(), dir, 1);
+  EXPECT_EQ(plan->keep, std::vector<int64_t>{5});
+  EXPECT_TRUE(std::find(plan->remove.begin(), plan->remove.end(), 5) == plan->remove.end());
+}
+
+TEST(CheckpointRetentionTest, CrashDuringDeletionNeverLosesTheNewestValid) {
+  std::string dir = freshDir("retention_crash");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    FaultyFileSystem fs;
+    Events ev;
+    auto c = make(opts(dir, 1), fs, ev);
+    for (int64_t step = 1; step <= 2; ++step) {
+      if (step == 2) fs.arm({FaultyFileSystem::Op::kRemove, "shard", 0, Status::ok()});  // die mid-deletion of step 1
+      if (!c->save(step, State(static_cast<uint32_t>(step)).collect(step)).isOk()) _exit(3);
+      c->waitIdle(seconds(30));
+    }
+    _exit(5);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  Events ev;
+  auto c = make(opts(dir, 1), FileSystem::posix(), ev);
+  State got(0);
+  EXPECT_EQ(restoreInto(*c, got), 2);
+  EXPECT_TRUE(got == State(2));
+}
+
+TEST(CheckpointPolicyTest, BusySkipIsRecordedAndWaitWaits) {
+  for (BusyPolicy policy : {BusyPolicy::kSkip, BusyPolicy::kWait}) {
+    SCOPED_TRACE(busyPolicyName(policy));
+    std::string dir = freshDir(std::string("busy_") + busyPolicyName(policy));
+    // Holds the first persist inside fsync until released.
+    struct GateFs : FileSystemWrapper {
+      using FileSystemWrapper::FileSystemWrapper;
+      std::promise<void> entered, release;
+      std::shared_future<void> released{release.get_future().share()};
+      std::atomic<bool> first{true};
+      Status syncDir(const std::string& d) override {
+        if (first.exchange(false)) {
+          entered.set_value();
+          released.wait();
+        }
+        return target().syncDir(d);
+      }
+    } fs(FileSystem::posix());
+    Events ev;
+    CheckpointOptions o = opts(dir);
+    o.busy_policy = policy;
+    auto c = make(o, fs, ev);
+    State s1(1), s2(2);
+    ASSERT_EQ(*c->save(1, s1.collect(1)), Checkpointer::Outcome::kStarted);
+    fs.entered.get_future().wait();  // the persist of step 1 is in flight
+    if (policy == BusyPolicy::kSkip) {
+      EXPECT_EQ(*c->save(2, s2.collect(2)), Checkpointer::Outcome::kSkippedBusy);
+      EXPECT_EQ(ev.count("checkpoint_skipped_busy"), 1);
+      fs.release.set_value();
+      EXPECT_TRUE(c->waitIdle(seconds(30)).isOk());
+      EXPECT_EQ(c->stats().committed, 1);
+      EXPECT_EQ(c->stats().skipped_busy, 1);
+    } else {
+      std::thread releaser([&] { fs.release.set_value(); });
+      EXPECT_EQ(*c->save(2, s2.collect(2)), Checkpointer::Outcome::kStarted);  // waited for step 1
+      releaser.join();
+      EXPECT_TRUE(c->waitIdle(seconds(30)).isOk());
+      EXPECT_EQ(c->stats().committed, 2);
+      EXPECT_EQ(ev.count("checkpoint_skipped_busy"), 0);
+    }
+  }
+}
+
+TEST(CheckpointPolicyTest, IntervalAndEveryNStepsWithAnInjectedClock) {
+  ManualClock clock;
+  Events ev;
+  CheckpointOptions o = opts(freshDir("interval"));
+  o.interval_s = 600;
+  auto c = make(o, FileSystem::posix(), ev, clock);
+  State s(1);
+  for (int64_t step = 0; step < 10; ++step) {
+    clock.advance(seconds(59));
+    EXPECT_EQ(*c->maybeSave(step, s.collect(step)), Checkpointer::Outcome::kNotDue);
+  }
+  clock.advance(seconds(20));  // 610 s since start
+  EXPECT_EQ(*c->maybeSave(10, s.collect(10)), Checkpointer::Outcome::kStarted);
+  ASSERT_TRUE(c->waitIdle(seconds(30)).isOk());
+  clock.advance(seconds(599));
+  EXPECT_EQ(*c->maybeSave(11, s.collect(11)), Checkpointer::Outcome::kNotDue);
+  clock.advance(seconds(2));
+  EXPECT_EQ(*c->maybeSave(12, s.collect(12)), Checkpointer::Outcome::kStarted);
+  ASSERT_TRUE(c->waitIdle(seconds(30)).isOk());
+
+  CheckpointOptions e = opts(freshDir("every"));
+  e.every_steps = 4;
+  auto d = make(e, FileSystem::posix(), ev, clock);
+  std::vector<int64_t> saved;
+  for (int64_t step = 0; step <= 12; ++step) {
+    if (*d->maybeSave(step, s.collect(step)) == Checkpointer::Outcome::kStarted) {
+      saved.push_back(step);
+      ASSERT_TRUE(d->waitIdle(seconds(30)).isOk());
+    }
+  }
+  EXPECT_EQ(saved, (std::vector<int64_t>{4, 8, 12}));
+}
+
+// Ranks as threads, stepping in lockstep like a synchronous job.
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  void arrive() {
+    std::unique_lock<std::mutex> lock(mu_);
+    int gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+    } else {
+      cv_.wait(lock, [&] { return gen != gen_; });
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int n_, count_ = 0, gen_ = 0;
+};
+
+TEST(CheckpointMultiRankTest, RanksAgreeCommitAndRestoreTogether) {
+  constexpr int kWorld = 4;
+  std::string dir = freshDir("multirank");
+  auto channel = std::make_shared<LocalCommitChannel>();
+  std::vector<ManualClock> clocks(kWorld);
+  Barrier barrier(kWorld);
+  std::vector<std::vector<int64_t>> saved(kWorld);
+  FaultyFileSystem faulty;  // rank 2 fails its shard for step 30
+  auto rankMain = [&](int rank) {
+    Events ev;
+    CheckpointOptions o = opts(dir);
+    o.interval_s = 100;
+    o.sync_steps = 3;
+    FileSystem& fs = rank == 2 ? static_cast<FileSystem&>(faulty) : FileSystem::posix();
+    auto c = make(o, fs, ev, clocks[rank], rankIdentity(rank, kWorld), channel);
+    State s(static_cast<uint32_t>(100 + rank));
+    for (int64_t step = 1; step <= 40; ++step) {
+      // Only rank 0's clock matters for "due": skew the others wildly.
+      clocks[rank].advance(seconds(rank == 0 ? 10 : 1 + 50 * rank));
+      if (rank == 2 && step == 30) faulty.arm({FaultyFileSystem::Op::kSync, "shard", 0, Status::ioError("injected EIO")});
+      auto r = c->maybeSave(step, s.collect(step));
+      ASSERT_TRUE(r.isOk()) << r.status().toString();
+      if (*r == Checkpointer::Outcome::kStarted) {
+        saved[rank].push_back(step);
+        c->waitIdle(seconds(30));
+      }
+      barrier.arrive();
+    }
+    // Restore on every rank: the newest committed checkpoint, each rank its own shard.
+    State got(0);
+    auto step = c->restore(got.load());
+    ASSERT_TRUE(step.isOk()) << step.status().toString();
+    ASSERT_TRUE(step->has_value());
+    EXPECT_TRUE(got == s) << "rank " << rank;
+    if (rank == 0) {
+      EXPECT_EQ(ev.count("checkpoint_failed"), 1);
+      int64_t newest_committed = -1;
+      for (int64_t st : saved[0]) if (st != 30) newest_committed = std::max(newest_committed, st);
+      EXPECT_EQ(**step, newest_committed) << "the newest save that every rank persisted (30 failed on rank 2)";
+      EXPECT_FALSE(std::filesystem::exists(joinPath(c->stepDir(30), kManifestName)));
+    }
+  };
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.emplace_back(rankMain, r);
+  for (auto& t : ranks) t.join();
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(saved[r], saved[0]) << "rank " << r << " saved other steps than rank 0";
+  ASSERT_GE(saved[0].size(), 3u);
+  ASSERT_NE(saved[0].back(), 30);
+  EXPECT_NE(std::find(saved[0].begin(), saved[0].end(), 30), saved[0].end());
+  auto m = readManifest(FileSystem::posix(), joinPath(dir, checkpointDirName(saved[0].back())));
+  ASSERT_TRUE(m.isOk()) << m.status().toString();
+  EXPECT_EQ(m->world_size, kWorld);
+  EXPECT_EQ(m->shards.size(), static_cast<size_t>(kWorld));
+}
+
+}  // namespace
+}  // namespace trainsup
