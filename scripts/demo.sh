@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # trainsup demo: two supervised ranks of the example trainer on two simulated hosts
 # (node-a, node-b) on this machine. Rank 1 on node-b stalls inside step 40; its watchdog
-# catches the stall within the 2 s step budget, writes the stack of every thread into its
+# catches the stall as soon as the 2 s step budget runs out, writes the stack of every thread into its
 # rank log, records the events and ends the process with exit code 91, while rank 0 on
 # node-a trains to the end. Later issues grow this into detection across ranks, relaunch
 # without the bad host and resume from a checkpoint.

@@ -118,10 +118,14 @@ TEST(EventLogTest, InvalidRawJsonIsKeptAsText) {
   std::string path = tempDir() + "/e.jsonl";
   auto log = EventLog::open(path, id, Clock::real());
   ASSERT_TRUE(log.isOk());
-  (*log)->write("x", {{"bad", RawJson{"{not json"}}});
+  (*log)->write("x", {{"bad", RawJson{"{not json"}}, {"host", "spoofed"}, {"event", "other"}});
   auto lines = readLines(path);
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["bad"], "{not json");
+  // A caller's field never replaces the identifying ones.
+  EXPECT_EQ(lines[0]["event"], "x");
+  EXPECT_EQ(lines[0]["field_host"], "spoofed");
+  EXPECT_EQ(lines[0]["field_event"], "other");
 }
 
 }  // namespace

@@ -24,3 +24,8 @@ file(GLOB logs ${WORK_DIR}/logs/local-consumer-host-r0.log)
 if(NOT logs)
   message(FATAL_ERROR "the consumer did not write its rank log under ${WORK_DIR}/logs")
 endif()
+# The installed Python package imports from the prefix alone (RPATH to libtrainsup).
+if(PYTHON_EXECUTABLE AND EXISTS ${prefix}/lib/python3/dist-packages/trainsup/__init__.py)
+  run(${CMAKE_COMMAND} -E env PYTHONPATH=${prefix}/lib/python3/dist-packages
+      ${PYTHON_EXECUTABLE} -c "import trainsup\nprint('installed trainsup', trainsup.__version__, trainsup.__file__)")
+endif()

@@ -47,6 +47,13 @@ class TRAINSUP_EXPORT ManualClock final : public Clock {
 };
 
 inline double toSeconds(Nanos d) { return std::chrono::duration<double>(d).count(); }
-inline Nanos fromSeconds(double s) { return Nanos(static_cast<int64_t>(s * 1e9)); }
+// Saturates at about 292 years instead of overflowing.
+inline Nanos fromSeconds(double s) {
+  constexpr double kMax = 9.2e18;
+  double ns = s * 1e9;
+  if (!(ns < kMax)) return Nanos(static_cast<int64_t>(kMax));
+  if (!(ns > -kMax)) return Nanos(-static_cast<int64_t>(kMax));
+  return Nanos(static_cast<int64_t>(ns));
+}
 
 }  // namespace trainsup

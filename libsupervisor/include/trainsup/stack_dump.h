@@ -41,4 +41,8 @@ TRAINSUP_EXPORT std::vector<std::string> formatStackDump(const StackDump& dump);
 
 TRAINSUP_EXPORT int stackDumpSignal();
 
+// Installs the signal handler and loads the unwinder now (Supervisor::create calls it), so that
+// a later dump does not need the dynamic loader's lock, which a stuck thread may hold.
+TRAINSUP_EXPORT void prepareStackDumps();
+
 }  // namespace trainsup

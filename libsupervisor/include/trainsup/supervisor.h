@@ -21,8 +21,9 @@
 // - On a stall the watchdog thread logs the section, elapsed time and budget, dumps every
 //   thread's stack into the rank log, writes "stall" and "stack_dump" events, runs the abort
 //   callbacks (in registration order, each guarded against exceptions), writes "exit" and ends
-//   the process with kExitStall — all within abort_grace_s, which the heartbeat monitor
-//   enforces with kExitWatchdogUnresponsive. With StallAction::kWarn it only logs and dumps.
+//   the process with kExitStall. The heartbeat monitor bounds all of that by abort_grace_s:
+//   past it, the process ends with kExitStall anyway (also if close() runs meanwhile).
+//   With StallAction::kWarn it only logs and dumps, once per stalled section.
 // - stopRequested() turns true after SIGTERM or SIGINT; a second signal of the same kind
 //   kills the process the default way. SIGUSR1/SIGUSR2 are never touched.
 // - Any thread may call stopRequested(), log(), event(), addAbortCallback(), budgetFor().

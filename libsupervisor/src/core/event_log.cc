@@ -79,6 +79,8 @@ void EventLog::write(std::string_view event, const EventFields& fields) {
   j["seq"] = 0;
   j["event"] = std::string(event);
   for (const EventField& f : fields) {
+    // The common fields identify the line: a caller's field of the same name goes beside them.
+    const std::string key = j.contains(f.key()) ? "field_" + f.key() : f.key();
     std::visit(
         [&](const auto& v) {
           using T = std::decay_t<decltype(v)>;
@@ -86,12 +88,12 @@ void EventLog::write(std::string_view event, const EventFields& fields) {
             auto parsed = nlohmann::ordered_json::parse(v.text, nullptr, /*allow_exceptions=*/false);
             // Invalid JSON from a caller is kept as text rather than breaking the line.
             if (parsed.is_discarded()) {
-              j[f.key()] = v.text;
+              j[key] = v.text;
             } else {
-              j[f.key()] = std::move(parsed);
+              j[key] = std::move(parsed);
             }
           } else {
-            j[f.key()] = v;
+            j[key] = v;
           }
         },
         f.value());

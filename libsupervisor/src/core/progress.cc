@@ -85,8 +85,9 @@ void ProgressTracker::observe(SectionId id, Nanos duration) {
   int64_t n = s.count.load(kRelaxed) + 1;
   s.count.store(n, kRelaxed);
   if (n <= warmup_count_) return;
-  s.learned_count.store(s.learned_count.load(kRelaxed) + 1, kRelaxed);
+  // Max before count: a reader that sees the new count also sees a max that includes it.
   if (duration.count() > s.max_learned_ns.load(kRelaxed)) s.max_learned_ns.store(duration.count(), kRelaxed);
+  s.learned_count.store(s.learned_count.load(kRelaxed) + 1, std::memory_order_release);
 }
 
 ProgressTracker::Snapshot ProgressTracker::snapshot() const {
@@ -119,7 +120,7 @@ SectionStats ProgressTracker::stats(SectionId id) const {
   if (id < 0 || id >= kMaxSections) return out;
   const Stats& s = stats_[id];
   out.count = s.count.load(kRelaxed);
-  out.learned_count = s.learned_count.load(kRelaxed);
+  out.learned_count = s.learned_count.load(std::memory_order_acquire);
   out.max_learned = Nanos(s.max_learned_ns.load(kRelaxed));
   return out;
 }

@@ -10,7 +10,6 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <poll.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
@@ -29,16 +28,18 @@ namespace trainsup {
 namespace {
 
 constexpr int kMaxFrames = 64;
+constexpr int kMaxThreads = 1024;
 
 struct Slot {
-  std::atomic<int> tid{0};  // thread asked to fill this slot; 0 = free
+  std::atomic<int> tid{0};  // the thread asked to fill this slot; -tid once it claimed it
   void* frames[kMaxFrames];
   std::atomic<int> count{-1};  // -1 until the thread answered
 };
 
-// The dump in progress. Only one dump runs at a time (g_dump_mu), so a single slot suffices:
-// threads are asked one after another.
-Slot g_slot;
+// One slot per thread of a dump, so that a thread answering after we gave up on it can only
+// write into its own slot. Only one dump runs at a time (g_dump_mu).
+Slot g_slots[kMaxThreads];
+std::atomic<int> g_current{-1};  // index of the slot being asked for, or -1
 std::atomic<int> g_event_fd{-1};
 std::mutex g_dump_mu;
 std::once_flag g_install_once;
@@ -48,13 +49,14 @@ int currentTid() { return static_cast<int>(syscall(SYS_gettid)); }
 
 void onDumpSignal(int, siginfo_t*, void*) {
   int saved_errno = errno;
-  // Claim the slot (tid -> -tid) so that a dumper that gave up on us cannot hand the slot to
-  // the next thread while we write into it.
+  int i = g_current.load(std::memory_order_acquire);
   int me = currentTid();
   int expected = me;
-  if (g_slot.tid.compare_exchange_strong(expected, -me, std::memory_order_acq_rel)) {
-    int n = backtrace(g_slot.frames, kMaxFrames);
-    g_slot.count.store(n, std::memory_order_release);
+  // Claim the slot (tid -> -tid); a stale signal finds another thread's tid and does nothing.
+  if (i >= 0 && g_slots[i].tid.compare_exchange_strong(expected, -me, std::memory_order_acq_rel)) {
+    Slot& slot = g_slots[i];
+    int n = backtrace(slot.frames, kMaxFrames);
+    slot.count.store(n, std::memory_order_release);
     int fd = g_event_fd.load(std::memory_order_acquire);
     if (fd >= 0) {
       uint64_t one = 1;
@@ -137,9 +139,9 @@ std::string symbolize(void* addr) {
   return out;
 }
 
-bool waitForAnswer(int fd, std::chrono::steady_clock::time_point deadline) {
+bool waitForAnswer(const Slot& slot, int fd, std::chrono::steady_clock::time_point deadline) {
   for (;;) {
-    if (g_slot.count.load(std::memory_order_acquire) >= 0) return true;
+    if (slot.count.load(std::memory_order_acquire) >= 0) return true;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
     pollfd p{fd, POLLIN, 0};
@@ -156,15 +158,19 @@ bool waitForAnswer(int fd, std::chrono::steady_clock::time_point deadline) {
 
 int stackDumpSignal() { return SIGRTMIN + 6; }
 
+void prepareStackDumps() { std::call_once(g_install_once, install); }
+
 StackDump dumpAllThreadStacks(std::chrono::milliseconds timeout) {
   std::lock_guard<std::mutex> lock(g_dump_mu);
-  std::call_once(g_install_once, install);
+  prepareStackDumps();
   StackDump dump;
   const int self = currentTid();
   const pid_t pid = getpid();
   const int fd = g_event_fd.load(std::memory_order_acquire);
   auto deadline = std::chrono::steady_clock::now() + timeout;
+  int index = -1;
   for (int tid : listThreads()) {
+    ++index;
     ThreadStack t;
     t.tid = tid;
     t.name = readFirstLine("/proc/self/task/" + std::to_string(tid) + "/comm");
@@ -174,21 +180,22 @@ StackDump dumpAllThreadStacks(std::chrono::milliseconds timeout) {
     int n = -1;
     if (t.is_caller) {
       n = backtrace(frames, kMaxFrames);
-    } else if (g_installed && std::chrono::steady_clock::now() < deadline) {
-      g_slot.count.store(-1, std::memory_order_relaxed);
-      g_slot.tid.store(tid, std::memory_order_release);
-      bool answered = syscall(SYS_tgkill, pid, tid, stackDumpSignal()) == 0 && waitForAnswer(fd, deadline);
+    } else if (g_installed && index < kMaxThreads && std::chrono::steady_clock::now() < deadline) {
+      Slot& slot = g_slots[index];
+      slot.count.store(-1, std::memory_order_relaxed);
+      slot.tid.store(tid, std::memory_order_release);
+      g_current.store(index, std::memory_order_release);
+      bool answered = syscall(SYS_tgkill, pid, tid, stackDumpSignal()) == 0 && waitForAnswer(slot, fd, deadline);
       int expected = tid;
-      if (!answered && !g_slot.tid.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
-        // The handler claimed the slot just as we gave up: it is running and ends in microseconds.
-        while (g_slot.count.load(std::memory_order_acquire) < 0) sched_yield();
-        answered = true;
+      if (!answered && !slot.tid.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+        // The handler claimed the slot just as we gave up; give it a moment, never forever.
+        answered = waitForAnswer(slot, fd, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
       }
       if (answered) {
-        n = g_slot.count.load(std::memory_order_acquire);
-        std::memcpy(frames, g_slot.frames, sizeof(void*) * n);
+        n = slot.count.load(std::memory_order_acquire);
+        std::memcpy(frames, slot.frames, sizeof(void*) * n);
       }
-      g_slot.tid.store(0, std::memory_order_release);
+      g_current.store(-1, std::memory_order_release);
     }
     if (n >= 0) {
       t.answered = true;

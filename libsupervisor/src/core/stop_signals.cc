@@ -1,6 +1,7 @@
 #include "stop_signals.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -18,7 +19,16 @@ bool g_installed = false;          // guarded by g_mu
 struct sigaction g_old_term;       // guarded by g_mu
 struct sigaction g_old_int;        // guarded by g_mu
 
+std::atomic<pid_t> g_owner{0};
+
 void onStopSignal(int sig) {
+  // A forked child (data-loader worker, multiprocessing) inherits this handler but nobody in it
+  // reads the flag: it must die of the signal as before.
+  if (getpid() != g_owner.load()) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
   int expected = 0;
   if (g_requested.compare_exchange_strong(expected, sig)) return;
   if (expected == sig) {
@@ -33,6 +43,8 @@ void onStopSignal(int sig) {
 bool install() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (g_installed) return false;
+  g_requested.store(0);
+  g_owner.store(getpid());
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_handler = onStopSignal;

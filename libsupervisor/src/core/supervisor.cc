@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <thread>
 #include <mutex>
 #include <spdlog/spdlog.h>
 #include <vector>
@@ -34,6 +36,7 @@ struct Supervisor::Impl {
   std::unique_ptr<ProgressTracker> progress;
   std::unique_ptr<Watchdog> watchdog;
   bool owns_signals = false;
+  int emergency_fd = -1;  // the rank log, opened at start for last words
 
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
   std::atomic<bool> closed{false};
@@ -49,6 +52,9 @@ struct Supervisor::Impl {
   void onAbortDeadline();
   void emergency(const std::string& message, int code);
   void terminate(int code);
+  ~Impl() {
+    if (emergency_fd >= 0) ::close(emergency_fd);
+  }
 };
 
 namespace {
@@ -67,23 +73,27 @@ void Supervisor::Impl::terminate(int code) {
   }
 }
 
-// Last words when the normal logger may be the thing that is stuck: raw write() calls only.
+// Last words when the normal logger may be the thing that is stuck: raw write() calls only,
+// stderr first (guarded against a full pipe), then the rank log through a descriptor opened at
+// start-up, from a helper thread given 100 ms, because the log may sit on a hung file system.
 void Supervisor::Impl::emergency(const std::string& message, int code) {
-  std::string line = "[trainsup host=" + config.identity.host + " rank=" + std::to_string(config.identity.rank) +
-                     "] " + message + "\n";
-  ssize_t ignored = 0;
-  int fd = ::open(log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd >= 0) {
-    ignored = ::write(fd, line.data(), line.size());
-    ::close(fd);
-  }
-  // stderr is often a pipe to the launcher, and a full pipe may be why the process is stuck:
-  // write only if it can take the line now.
+  auto line = std::make_shared<std::string>("[trainsup host=" + config.identity.host +
+                                            " rank=" + std::to_string(config.identity.rank) + "] " + message + "\n");
   pollfd p{2, POLLOUT, 0};
-  if (line.size() <= PIPE_BUF && ::poll(&p, 1, 100) == 1 && (p.revents & POLLOUT)) {
-    ignored = ::write(2, line.data(), line.size());
+  if (line->size() <= PIPE_BUF && ::poll(&p, 1, 100) == 1 && (p.revents & POLLOUT)) {
+    ssize_t ignored = ::write(2, line->data(), line->size());
+    (void)ignored;
   }
-  (void)ignored;
+  if (emergency_fd >= 0) {
+    auto written = std::make_shared<std::promise<void>>();
+    auto done = written->get_future();
+    std::thread([fd = emergency_fd, line, written] {
+      ssize_t ignored = ::write(fd, line->data(), line->size());
+      (void)ignored;
+      written->set_value();
+    }).detach();
+    done.wait_for(std::chrono::milliseconds(100));
+  }
   terminate(code);
 }
 
@@ -199,6 +209,8 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
   auto logger = openRankLogger(config, impl->log_path);
   if (!logger) return logger.status();
   impl->logger = std::move(*logger);
+  impl->emergency_fd = ::open(impl->log_path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  prepareStackDumps();
   auto events = EventLog::open(impl->event_path, id, *impl->clock);
   if (!events) return events.status();
   impl->events = std::move(*events);
@@ -253,9 +265,7 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
                        {"log_file", impl->log_path}});
   if (c.handle_signals) {
     impl->owns_signals = stop_signals::install();
-    if (impl->owns_signals) {
-      stop_signals::reset();
-    } else {
+    if (!impl->owns_signals) {
       impl->logger.logger->warn("another Supervisor in this process owns the SIGTERM/SIGINT handlers");
     }
   }

@@ -69,6 +69,9 @@ Watchdog::Check Watchdog::checkOnce() {
   r.depth = snap.depth;
   r.elapsed = snap.elapsedAt(now);
   r.budget = budgetFor(snap.section);
+  // The section may have ended while we computed: only a snapshot that is still current
+  // (same generation, hence the same stats) may raise anything.
+  if (progress_.snapshot().generation != snap.generation) return check;
   if (r.elapsed > r.budget.limit) {
     if (stalled_generation_ == snap.generation) return check;  // already reported
     stalled_generation_ = snap.generation;
@@ -132,14 +135,23 @@ void Watchdog::watchLoop() {
 }
 
 void Watchdog::monitorLoop() {
-  // Check often enough to honour both the heartbeat timeout and an abort deadline promptly.
-  Nanos period = std::min<Nanos>(options_.interval, options_.heartbeat_timeout / 4);
+  // Check often enough to honour the heartbeat timeout; once a stall is being handled, wake at
+  // the abort deadline itself. stop() does not end this loop while an abort is under way: a
+  // close() racing with a hung abort callback must not switch the deadline off.
+  const Nanos period = std::min<Nanos>(options_.interval, options_.heartbeat_timeout / 4);
+  auto aborting = [this] { return abort_deadline_ns_.load(std::memory_order_acquire) != 0; };
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
-    if (cv_.wait_for(lock, period, [this] { return stopping_; })) return;
+    Nanos wait = period;
+    if (int64_t d = abort_deadline_ns_.load(std::memory_order_acquire); d != 0) {
+      wait = std::clamp(Nanos(d) - clock_.monotonicNow(), Nanos(std::chrono::milliseconds(1)), period);
+    }
+    cv_.wait_for(lock, wait, [&] { return stopping_ && !aborting(); });
+    if (stopping_ && !aborting()) return;
     lock.unlock();
-    checkHeartbeatOnce();
+    bool fired = checkHeartbeatOnce();
     lock.lock();
+    if (fired && stopping_) return;
   }
 }
 
