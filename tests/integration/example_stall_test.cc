@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "subprocess.h"
+#include "trainsup/checkpoint_format.h"
 #include "trainsup/exit_codes.h"
 
 namespace trainsup {
@@ -45,6 +48,7 @@ TEST_P(ExampleStallTest, StallEndsTheProcessWithinBudgetPlusOneSecond) {
                             {"LOCAL_RANK", "1"},
                             {"LOCAL_WORLD_SIZE", "2"},
                             {"TRAINSUP_LOG_DIR", dir},
+                            {"TRAINSUP_CHECKPOINT_DIR", dir + "/ckpt"},
                             {"TRAINSUP_SECTION_BUDGETS", "step=2"}});
   testing::ProcessResult r = proc.wait(seconds(120));
   ASSERT_FALSE(r.timed_out) << r.output;
@@ -94,7 +98,8 @@ INSTANTIATE_TEST_SUITE_P(Kinds, ExampleStallTest, ::testing::Values("sleep", "sp
 
 TEST(ExampleConfigTest, BadVariableFailsAtStartNamingIt) {
   testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "5"},
-                           {{"RANK", "abc"}, {"TRAINSUP_LOG_DIR", tempDir("badcfg")}});
+                           {{"RANK", "abc"}, {"TRAINSUP_LOG_DIR", tempDir("badcfg")},
+                            {"TRAINSUP_CHECKPOINT_DIR", tempDir("badcfg") + "/ckpt"}});
   auto r = proc.wait(seconds(60));
   ASSERT_TRUE(r.exited) << r.output;
   EXPECT_EQ(r.exit_code, kExitBadConfig);
@@ -105,7 +110,7 @@ TEST(ExampleConfigTest, HealthyRunFinishesWithoutVerdict) {
   const std::string dir = tempDir("healthy");
   testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "150"},
                            {{"TRAINSUP_NODE_NAME", "node-a"}, {"TRAINSUP_JOB_ID", "ok"}, {"TRAINSUP_LOG_DIR", dir},
-                            {"TRAINSUP_BUDGET_FLOOR_S", "1"}});
+                            {"TRAINSUP_CHECKPOINT_DIR", dir + "/ckpt"}, {"TRAINSUP_BUDGET_FLOOR_S", "1"}});
   auto r = proc.wait(seconds(120));
   ASSERT_TRUE(r.exited) << r.output;
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -114,23 +119,101 @@ TEST(ExampleConfigTest, HealthyRunFinishesWithoutVerdict) {
   EXPECT_NE(events.find("\"supervisor_stop\""), std::string::npos);
 }
 
-TEST(ExampleConfigTest, SigtermStopsAtAStepBoundaryWithTheDocumentedCode) {
+std::string finalHash(const std::string& output) {
+  auto pos = output.find("final parameters xxh3=");
+  return pos == std::string::npos ? "" : output.substr(pos + 22, 16);
+}
+
+std::map<std::string, std::string> runEnv(const std::string& dir, const std::string& host) {
+  return {{"TRAINSUP_NODE_NAME", host}, {"TRAINSUP_JOB_ID", "job"}, {"TRAINSUP_LOG_DIR", dir},
+          {"TRAINSUP_CHECKPOINT_DIR", dir + "/ckpt"}, {"TRAINSUP_LOG_STDERR", "0"}};
+}
+
+TEST(ExampleCheckpointTest, SigtermCheckpointsAtTheStepBoundaryExitsNinetyAndResumes) {
   const std::string dir = tempDir("sigterm");
-  testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "100000000", "--step-sleep-ms", "5"},
-                           {{"TRAINSUP_NODE_NAME", "node-c"}, {"TRAINSUP_JOB_ID", "term"}, {"TRAINSUP_LOG_DIR", dir}});
-  // Wait until training is under way (the first step log line), then ask it to stop.
-  const std::string log_path = dir + "/term-node-c-r0.log";
-  auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  while (slurp(log_path).find("step 0 loss") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(20));  // polling a file for a condition, bounded
+  const std::string log_path = dir + "/job-node-c-r0.log";
+  {
+    testing::Subprocess proc({TRAINSUP_EXAMPLE_TRAIN, "--steps", "100000000", "--step-sleep-ms", "5"}, runEnv(dir, "node-c"));
+    // Wait until training is under way (the first step log line), then ask it to stop.
+    auto deadline = std::chrono::steady_clock::now() + seconds(60);
+    while (slurp(log_path).find("step 0 loss") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(20));  // polling a file for a condition, bounded
+    }
+    ASSERT_NE(slurp(log_path).find("step 0 loss"), std::string::npos);
+    kill(proc.pid(), SIGTERM);
+    auto r = proc.wait(seconds(60));
+    ASSERT_TRUE(r.exited) << r.output;
+    EXPECT_EQ(r.exit_code, kExitStopRequested) << r.output;
   }
-  ASSERT_NE(slurp(log_path).find("step 0 loss"), std::string::npos);
-  kill(proc.pid(), SIGTERM);
-  auto r = proc.wait(seconds(60));
-  ASSERT_TRUE(r.exited) << r.output;
-  EXPECT_EQ(r.exit_code, kExitStopRequested) << r.output;
-  EXPECT_NE(slurp(log_path).find("stop requested by SIGTERM"), std::string::npos);
-  EXPECT_NE(slurp(log_path).find("stop requested: leaving the loop"), std::string::npos);
+  std::string log = slurp(log_path);
+  EXPECT_NE(log.find("stop requested by SIGTERM"), std::string::npos);
+  auto pos = log.find("stop requested: checkpointing step ");
+  ASSERT_NE(pos, std::string::npos) << log;
+  int64_t saved = std::atoll(log.c_str() + pos + 35);
+  EXPECT_NE(log.find("checkpoint step " + std::to_string(saved) + " committed"), std::string::npos) << log;
+  // The next run resumes right after the step that was saved.
+  testing::Subprocess again({TRAINSUP_EXAMPLE_TRAIN, "--steps", std::to_string(saved + 3)}, runEnv(dir, "node-c"));
+  auto r = again.wait(seconds(60));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << r.output;
+  EXPECT_NE(slurp(log_path).find("resumed from step " + std::to_string(saved)), std::string::npos);
+}
+
+// kill -9 in the middle of training; the rerun resumes from the newest valid checkpoint and
+// ends with parameters bitwise equal to a run that was never interrupted.
+TEST(ExampleCheckpointTest, ResumeAfterKillNineMatchesAnUninterruptedRunBitwise) {
+  const std::string ref_dir = tempDir("reference");
+  testing::Subprocess reference({TRAINSUP_EXAMPLE_TRAIN, "--steps", "60", "--checkpoint-every", "20"},
+                                runEnv(ref_dir, "node-a"));
+  auto ref = reference.wait(seconds(120));
+  ASSERT_TRUE(ref.exited && ref.exit_code == 0) << ref.output;
+  const std::string want = finalHash(ref.output);
+  ASSERT_EQ(want.size(), 16u) << ref.output;
+
+  const std::string dir = tempDir("crashed");
+  {
+    testing::Subprocess crashing({TRAINSUP_EXAMPLE_TRAIN, "--steps", "60", "--checkpoint-every", "20", "--crash-at-step", "50"},
+                                 runEnv(dir, "node-b"));
+    auto r = crashing.wait(seconds(120));
+    ASSERT_FALSE(r.exited) << r.output;
+    ASSERT_EQ(r.signal, SIGKILL);
+  }
+  testing::Subprocess resumed({TRAINSUP_EXAMPLE_TRAIN, "--steps", "60", "--checkpoint-every", "20"}, runEnv(dir, "node-b"));
+  auto r = resumed.wait(seconds(120));
+  ASSERT_TRUE(r.exited && r.exit_code == 0) << r.output;
+  std::string log = slurp(dir + "/job-node-b-r0.log");
+  EXPECT_TRUE(log.find("resumed from step 40") != std::string::npos || log.find("resumed from step 20") != std::string::npos)
+      << log;
+  EXPECT_EQ(finalHash(r.output), want) << "resumed run diverged from the uninterrupted one";
+}
+
+// Two ranks agree on commits through a real c10d TCPStore (rank 0 serves it) and resume together.
+TEST(ExampleCheckpointTest, TwoRanksCommitThroughTheTcpStoreAndResumeTogether) {
+  const std::string dir = tempDir("tworanks");
+  const std::string port = std::to_string(20000 + getpid() % 20000);
+  auto env = [&](int rank) {
+    auto e = runEnv(dir, "node-" + std::to_string(rank));
+    e["RANK"] = std::to_string(rank);
+    e["WORLD_SIZE"] = "2";
+    e["MASTER_ADDR"] = "127.0.0.1";
+    e["MASTER_PORT"] = port;
+    return e;
+  };
+  for (const char* steps : {"25", "28"}) {
+    testing::Subprocess r0({TRAINSUP_EXAMPLE_TRAIN, "--steps", steps, "--checkpoint-every", "10"}, env(0));
+    testing::Subprocess r1({TRAINSUP_EXAMPLE_TRAIN, "--steps", steps, "--checkpoint-every", "10"}, env(1));
+    auto a = r0.wait(seconds(120));
+    auto b = r1.wait(seconds(120));
+    ASSERT_TRUE(a.exited && a.exit_code == 0) << a.output;
+    ASSERT_TRUE(b.exited && b.exit_code == 0) << b.output;
+  }
+  auto m = readManifest(FileSystem::posix(), dir + "/ckpt/" + checkpointDirName(20));
+  ASSERT_TRUE(m.isOk()) << m.status().toString();
+  EXPECT_EQ(m->world_size, 2);
+  EXPECT_EQ(m->shards.size(), 2u);
+  for (int rank : {0, 1}) {
+    std::string log = slurp(dir + "/job-node-" + std::to_string(rank) + "-r" + std::to_string(rank) + ".log");
+    EXPECT_NE(log.find("resumed from step 20"), std::string::npos) << log;
+  }
 }
 
 }  // namespace

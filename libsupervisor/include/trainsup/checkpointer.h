@@ -63,7 +63,7 @@ class TRAINSUP_EXPORT Checkpointer {
   // and returns the buffers to copy (valid until it returns to save) and metadata.
   using Collect = std::function<Status(std::vector<BufferRef>& buffers, std::map<std::string, std::string>& metadata)>;
   Result<Outcome> maybeSave(int64_t step, const Collect& collect);
-  // Saves now (collective), subject to the busy policy.
+  // Saves now (collective), subject to the busy policy. kNotDue if this step was just saved.
   Result<Outcome> save(int64_t step, const Collect& collect);
   // Waits until no persist is in flight; returns that persist's error if it failed.
   Status waitIdle(Nanos timeout);
@@ -72,7 +72,9 @@ class TRAINSUP_EXPORT Checkpointer {
 
   // Restores the newest checkpoint that verifies on every rank. `load` gets the manifest and
   // this rank's shard and reads what it needs (reads verify checksums); a failure makes every
-  // rank move on to the next older checkpoint. Returns the restored step, or nullopt if none.
+  // rank move on to the next older checkpoint — except InvalidArgument from `load` (the state
+  // does not match the checkpoint's tensors), which stops the restore with that error on every
+  // rank. Returns the restored step, or nullopt if there is none.
   using Load = std::function<Status(const Manifest& manifest, const ShardReader& shard)>;
   Result<std::optional<int64_t>> restore(const Load& load);
 

@@ -28,6 +28,7 @@ using SectionId = int;
 inline constexpr SectionId kStartupSection = 0;  // "startup": before the first section
 inline constexpr SectionId kIdleSection = 1;     // "idle": between sections
 inline constexpr SectionId kStepSection = 2;     // "step": Supervisor::step()
+inline constexpr const char* kCheckpointSectionName = "checkpoint";  // Supervisor::checkpoint()
 
 struct SectionStats {
   int64_t count = 0;          // completed observations

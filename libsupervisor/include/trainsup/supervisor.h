@@ -36,7 +36,9 @@
 #include <string>
 #include <string_view>
 
+#include "trainsup/checkpointer.h"
 #include "trainsup/clock.h"
+#include "trainsup/commit_channel.h"
 #include "trainsup/config.h"
 #include "trainsup/event_log.h"
 #include "trainsup/exit_codes.h"
@@ -97,6 +99,20 @@ class TRAINSUP_EXPORT Supervisor {
 
   void log(LogLevel level, std::string_view message);
   void event(std::string_view name, const EventFields& fields = {});
+
+  // --- Checkpoints (trainsup/checkpointer.h), all collective, training thread only ---
+  // Creates the Checkpointer on first use. A job of several ranks passes its c10d store as
+  // `channel` (trainsup/torch_state.h adapts it); one rank needs none. Later calls return the
+  // same Checkpointer and ignore `channel`.
+  Result<Checkpointer*> checkpointer(std::shared_ptr<CommitChannel> channel = nullptr);
+  // Save if due / save now. The snapshot is timed as section "checkpoint". The learned section
+  // budgets travel in the checkpoint's metadata ("trainsup.budgets"), so a restarted job starts
+  // calibrated. A background persist failure of an earlier save is returned here once (and was
+  // logged and recorded when it happened). Requires checkpointer() to have succeeded.
+  Result<Checkpointer::Outcome> maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect);
+  Result<Checkpointer::Outcome> checkpoint(int64_t step, const Checkpointer::Collect& collect);
+  // Restores the newest valid checkpoint (timed as section "restore"); nullopt when none.
+  Result<std::optional<int64_t>> restore(const Checkpointer::Load& load);
 
   const Config& config() const;
   const Identity& identity() const;

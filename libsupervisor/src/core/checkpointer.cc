@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <limits>
 #include <thread>
 
 #include "trainsup/version.h"
@@ -42,6 +43,7 @@ struct Checkpointer::Impl {
   Nanos last_save_time{0};           // rank 0's clock: when the last checkpoint was taken
   Nanos last_decision_time{0};
   int64_t last_decision_step = -1;
+  int64_t last_snapshot_step = std::numeric_limits<int64_t>::min();
 
   // Staging memory: written by the training thread while no persist is in flight, then read
   // by the writer thread until the persist ends (handed over under mu).
@@ -206,6 +208,8 @@ Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collec
 
 Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& collect) {
   Impl& m = *impl_;
+  // Saving the same step twice would rewrite a committed checkpoint in place.
+  if (step == m.last_snapshot_step) return Outcome::kNotDue;
   auto action = m.decide(step, /*explicit_save=*/true);
   if (!action) return action.status();
   if (*action == Impl::Action::kSkip) {
@@ -255,6 +259,7 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
   }
   j.stall_s = toSeconds(clock->monotonicNow() - start);
   last_save_time = clock->monotonicNow();
+  last_snapshot_step = step;
   const double stall = j.stall_s;
   const uint64_t bytes = j.bytes;
   {
@@ -443,6 +448,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     const std::string dir = m.stepDir(step);
     std::string file = joinPath(dir, kManifestName);
     Status st;
+    bool fatal = false;
     auto manifest = readManifest(*m.fs, dir);
     std::unique_ptr<ShardReader> shard;
     if (!manifest) {
@@ -469,6 +475,9 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
         st = Status::corruption("checksum mismatch: the shard's index differs from the manifest");
       } else {
         st = load(*manifest, **opened);
+        // The model does not match the checkpoint: an older one will not match either, and
+        // silently starting from scratch would lose the run. Stop, on every rank.
+        fatal = st.code() == StatusCode::kInvalidArgument;
       }
     }
     // Agree: every rank adds its vote; the last one publishes the count of successes.
@@ -477,13 +486,20 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
       const std::string k = m.key_base + "/restore/" + std::to_string(step);
       if (!st.isOk()) m.channel->set(k + "/why", "rank " + std::to_string(m.identity.rank) + ": " + st.message());
       auto oks = m.channel->add(k + "/ok", st.isOk() ? 1 : 0);
+      auto aborts = m.channel->add(k + "/abort", fatal ? 1 : 0);
       auto n = m.channel->add(k + "/n", 1);
+      if (!aborts) return aborts.status();
       if (!oks || !n) return !oks ? oks.status() : n.status();
       if (*n == m.identity.world_size) m.channel->set(k + "/done", "1");
       auto done = m.channel->get(k + "/done", m.commitTimeout());
       if (!done) return Status(done.status().code(), "restore agreement: " + done.status().message());
       auto total_ok = m.channel->add(k + "/ok", 0);
       if (!total_ok) return total_ok.status();
+      auto total_abort = m.channel->add(k + "/abort", 0);
+      if (total_abort && *total_abort > 0 && !fatal) {
+        auto why = m.channel->get(k + "/why", std::chrono::seconds(5));
+        return Status::invalidArgument("restore of " + dir + " stopped: " + (why ? *why : "another rank's state does not match"));
+      }
       if (st.isOk() && *total_ok != m.identity.world_size) {
         auto why = m.channel->get(k + "/why", std::chrono::seconds(5));
         agreed_failure = why ? *why : "another rank could not load it";
@@ -496,6 +512,10 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
                                  std::to_string(took) + " s");
       m.last_save_time = m.clock->monotonicNow();
       return std::optional<int64_t>(step);
+    }
+    if (fatal) {
+      m.event("checkpoint_restore_failed", {{"step", step}, {"dir", dir}, {"file", file}, {"reason", st.message()}});
+      return Status::invalidArgument("restore of " + dir + " stopped: " + st.message());
     }
     std::string reason = st.isOk() ? agreed_failure : st.message();
     m.event("checkpoint_skipped", {{"step", step}, {"dir", dir}, {"file", file}, {"reason", reason}});

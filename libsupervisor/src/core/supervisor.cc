@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -39,6 +41,7 @@ struct Supervisor::Impl {
   int emergency_fd = -1;  // the rank log, opened at start for last words
 
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
+  std::unique_ptr<Checkpointer> checkpointer;  // training thread only
   std::atomic<bool> closed{false};
   int seen_stop_signal = 0;  // watchdog thread only (close() after the watchdog stopped)
 
@@ -279,6 +282,12 @@ Supervisor::~Supervisor() { close(); }
 
 void Supervisor::close() {
   if (impl_->closed.exchange(true)) return;
+  if (impl_->checkpointer) {
+    // Flush a pending persist: the newest checkpoint is the one a restart will want.
+    Status s = impl_->checkpointer->waitIdle(fromSeconds(impl_->config.checkpoint.commit_timeout_s));
+    if (!s.isOk()) impl_->logger.logger->error("last checkpoint did not complete: {}", s.message());
+    impl_->checkpointer.reset();
+  }
   impl_->watchdog->stop();
   impl_->onTick();  // a stop request the watchdog had no tick left to report
   auto snap = impl_->progress->snapshot();
@@ -331,6 +340,111 @@ void Supervisor::log(LogLevel level, std::string_view message) {
 }
 
 void Supervisor::event(std::string_view name, const EventFields& fields) { impl_->events->write(name, fields); }
+
+namespace {
+
+// "name=count:learned:max_ns;..." — the learned budgets, carried in checkpoint metadata.
+constexpr const char* kBudgetsKey = "trainsup.budgets";
+
+std::string encodeBudgets(ProgressTracker& p) {
+  std::string out;
+  for (SectionId id = 0; id < ProgressTracker::kMaxSections; ++id) {
+    SectionStats st = p.stats(id);
+    if (st.count == 0) continue;
+    out += p.sectionName(id) + "=" + std::to_string(st.count) + ":" + std::to_string(st.learned_count) + ":" +
+           std::to_string(st.max_learned.count()) + ";";
+  }
+  return out;
+}
+
+int seedBudgets(ProgressTracker& p, const std::string& text) {
+  int seeded = 0;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(';', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) continue;
+    int64_t count = 0, learned = 0, max_ns = 0;
+    if (std::sscanf(item.c_str() + eq + 1, "%" SCNd64 ":%" SCNd64 ":%" SCNd64, &count, &learned, &max_ns) != 3) continue;
+    SectionStats st{count, learned, Nanos(max_ns)};
+    auto id = p.intern(item.substr(0, eq));
+    if (!id || *id == kStartupSection) continue;
+    // Only ever raise what this run has learned so far.
+    SectionStats now = p.stats(*id);
+    if (now.max_learned >= st.max_learned && now.learned_count >= st.learned_count) continue;
+    st.count = std::max(st.count, now.count);
+    p.seedStats(*id, st);
+    ++seeded;
+  }
+  return seeded;
+}
+
+}  // namespace
+
+Result<Checkpointer*> Supervisor::checkpointer(std::shared_ptr<CommitChannel> channel) {
+  Impl& m = *impl_;
+  if (m.checkpointer) return m.checkpointer.get();
+  Checkpointer::Hooks hooks;
+  Impl* mp = impl_.get();
+  hooks.event = [mp](std::string_view name, const EventFields& f) { mp->events->write(name, f); };
+  hooks.log = [this](LogLevel l, const std::string& msg) { log(l, msg); };
+  auto c = Checkpointer::create(m.config.checkpoint, m.config.identity, FileSystem::posix(), *m.clock,
+                                std::move(channel), std::move(hooks));
+  if (!c) return c.status();
+  m.checkpointer = std::move(*c);
+  return m.checkpointer.get();
+}
+
+namespace {
+Status needCheckpointer(const std::unique_ptr<Checkpointer>& c) {
+  return c ? Status::ok() : Status::invalidArgument("checkpoints are not set up: call Supervisor::checkpointer() first");
+}
+}  // namespace
+
+Result<Checkpointer::Outcome> Supervisor::maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect) {
+  if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
+  if (Status s = impl_->checkpointer->takeError(); !s.isOk()) return s;
+  auto scope = section(kCheckpointSectionName);
+  ProgressTracker& p = *impl_->progress;
+  return impl_->checkpointer->maybeSave(step, [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {
+    Status s = collect(b, meta);
+    meta[kBudgetsKey] = encodeBudgets(p);
+    return s;
+  });
+}
+
+Result<Checkpointer::Outcome> Supervisor::checkpoint(int64_t step, const Checkpointer::Collect& collect) {
+  if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
+  if (Status s = impl_->checkpointer->takeError(); !s.isOk()) return s;
+  auto scope = section(kCheckpointSectionName);
+  ProgressTracker& p = *impl_->progress;
+  return impl_->checkpointer->save(step, [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {
+    Status s = collect(b, meta);
+    meta[kBudgetsKey] = encodeBudgets(p);
+    return s;
+  });
+}
+
+Result<std::optional<int64_t>> Supervisor::restore(const Checkpointer::Load& load) {
+  if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
+  auto scope = section("restore");
+  ProgressTracker& p = *impl_->progress;
+  Impl* m = impl_.get();
+  return impl_->checkpointer->restore([&](const Manifest& manifest, const ShardReader& shard) {
+    Status s = load(manifest, shard);
+    if (s.isOk()) {
+      auto it = manifest.metadata.find(kBudgetsKey);
+      if (it != manifest.metadata.end()) {
+        int n = seedBudgets(p, it->second);
+        if (n > 0) m->logger.logger->info("seeded {} learned section budgets from checkpoint step {}", n, manifest.step);
+      }
+    }
+    return s;
+  });
+}
 
 const Config& Supervisor::config() const { return impl_->config; }
 const Identity& Supervisor::identity() const { return impl_->config.identity; }

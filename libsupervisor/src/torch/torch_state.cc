@@ -1,0 +1,172 @@
+// The only translation unit of the library that includes torch headers (~25 s to compile).
+#include "trainsup/torch_state.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <sstream>
+
+namespace trainsup {
+
+Result<DType> dtypeOf(c10::ScalarType t) {
+  switch (t) {
+    case c10::kBool: return DType::kBool;
+    case c10::kByte: return DType::kUInt8;
+    case c10::kChar: return DType::kInt8;
+    case c10::kShort: return DType::kInt16;
+    case c10::kInt: return DType::kInt32;
+    case c10::kLong: return DType::kInt64;
+    case c10::kHalf: return DType::kFloat16;
+    case c10::kBFloat16: return DType::kBFloat16;
+    case c10::kFloat: return DType::kFloat32;
+    case c10::kDouble: return DType::kFloat64;
+    default: return Status::invalidArgument(std::string("tensor dtype ") + c10::toString(t) + " cannot be checkpointed");
+  }
+}
+
+void TorchState::addModule(std::string prefix, torch::nn::Module& module) { modules_.emplace_back(std::move(prefix), &module); }
+void TorchState::addOptimizer(std::string name, torch::optim::Optimizer& o) { optimizers_.emplace_back(std::move(name), &o); }
+void TorchState::addTensor(std::string name, torch::Tensor t) { tensors_.emplace_back(std::move(name), std::move(t)); }
+
+std::vector<std::pair<std::string, torch::Tensor>> TorchState::namedTensors() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& [prefix, m] : modules_) {
+    for (const auto& p : m->named_parameters(/*recurse=*/true)) out.emplace_back(prefix + "." + p.key(), p.value());
+    for (const auto& b : m->named_buffers(/*recurse=*/true)) out.emplace_back(prefix + "." + b.key(), b.value());
+  }
+  for (const auto& [name, t] : tensors_) out.emplace_back(name, t);
+  return out;
+}
+
+Checkpointer::Collect TorchState::collector() {
+  return [this](std::vector<BufferRef>& b, std::map<std::string, std::string>& m) { return collect(b, m); };
+}
+
+Checkpointer::Load TorchState::loader() {
+  return [this](const Manifest& manifest, const ShardReader& shard) { return load(manifest, shard); };
+}
+
+Status TorchState::collect(std::vector<BufferRef>& buffers, std::map<std::string, std::string>& metadata) {
+  hold_.clear();
+  blobs_.clear();
+  for (auto& [name, tensor] : namedTensors()) {
+    auto dt = dtypeOf(tensor.scalar_type());
+    if (!dt) return Status::invalidArgument("'" + name + "': " + dt.status().message());
+    torch::Tensor t = tensor.detach();
+    if (!t.device().is_cpu() || !t.is_contiguous()) {
+      t = t.to(torch::kCPU).contiguous();
+      hold_.push_back(t);
+    }
+    BufferRef r;
+    r.meta.name = name;
+    r.meta.dtype = *dt;
+    r.meta.shape.assign(t.sizes().begin(), t.sizes().end());
+    r.data = t.data_ptr();
+    r.nbytes = t.nbytes();
+    buffers.push_back(std::move(r));
+  }
+  blobs_.reserve(optimizers_.size());
+  for (const auto& [name, opt] : optimizers_) {
+    torch::serialize::OutputArchive archive;
+    opt->save(archive);
+    std::ostringstream os;
+    archive.save_to(os);
+    blobs_.push_back(os.str());
+    const std::string& blob = blobs_.back();
+    buffers.push_back({{name, DType::kBytes, {static_cast<int64_t>(blob.size())}}, blob.data(), blob.size()});
+  }
+  for (const auto& [k, v] : metadata_) metadata[k] = v;
+  return Status::ok();
+}
+
+Status TorchState::load(const Manifest& manifest, const ShardReader& shard) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, tensor] : namedTensors()) {
+    const TensorEntry* e = shard.find(name);
+    if (e == nullptr) return Status::invalidArgument("tensor '" + name + "' is not in the checkpoint (model changed?)");
+    auto dt = dtypeOf(tensor.scalar_type());
+    std::vector<int64_t> shape(tensor.sizes().begin(), tensor.sizes().end());
+    if (!dt || *dt != e->meta.dtype || shape != e->meta.shape) {
+      return Status::invalidArgument("tensor '" + name + "' has another dtype or shape in the checkpoint (" +
+                                     dtypeName(e->meta.dtype) + ")");
+    }
+    torch::Tensor t = tensor.detach();
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      if (Status s = shard.read(*e, t.data_ptr(), t.nbytes()); !s.isOk()) return s;
+    } else {
+      torch::Tensor cpu = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU));
+      if (Status s = shard.read(*e, cpu.data_ptr(), cpu.nbytes()); !s.isOk()) return s;
+      t.copy_(cpu);
+    }
+  }
+  for (const auto& [name, opt] : optimizers_) {
+    const TensorEntry* e = shard.find(name);
+    if (e == nullptr) return Status::invalidArgument("optimizer '" + name + "' is not in the checkpoint");
+    std::string blob(e->length, '\0');
+    if (Status s = shard.read(*e, blob.data(), blob.size()); !s.isOk()) return s;
+    try {
+      torch::serialize::InputArchive archive;
+      std::istringstream is(blob);
+      archive.load_from(is);
+      opt->load(archive);
+    } catch (const c10::Error& err) {
+      return Status::invalidArgument("optimizer '" + name + "' does not match the checkpoint: " + err.what_without_backtrace());
+    }
+  }
+  restored_metadata_ = manifest.metadata;
+  return Status::ok();
+}
+
+namespace {
+
+class StoreChannel final : public CommitChannel {
+ public:
+  explicit StoreChannel(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  Status set(const std::string& key, const std::string& value) override {
+    return guard("set", key, [&] { store_->set(key, std::vector<uint8_t>(value.begin(), value.end())); });
+  }
+  Result<std::string> get(const std::string& key, Nanos timeout) override {
+    std::string out;
+    Status s = guard("get", key, [&] {
+      store_->wait({key}, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+      auto v = store_->get(key);
+      out.assign(v.begin(), v.end());
+    });
+    if (!s.isOk()) return s;
+    return out;
+  }
+  Result<int64_t> add(const std::string& key, int64_t delta) override {
+    int64_t v = 0;
+    Status s = guard("add", key, [&] { v = store_->add(key, delta); });
+    if (!s.isOk()) return s;
+    return v;
+  }
+  Status remove(const std::string& key) override {
+    // Some stores (FileStore) cannot delete; leftovers only cost a few bytes.
+    guard("delete", key, [&] { store_->deleteKey(key); });
+    return Status::ok();
+  }
+
+ private:
+  template <class F>
+  Status guard(const char* op, const std::string& key, F&& f) {
+    try {
+      f();
+      return Status::ok();
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      std::string msg = std::string("c10d store ") + op + " '" + key + "': " + what.substr(0, what.find('\n'));
+      bool timeout = what.find("imeout") != std::string::npos || what.find("imed out") != std::string::npos;
+      return timeout ? Status::timedOut(msg) : Status::unavailable(msg);
+    }
+  }
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace
+
+std::shared_ptr<CommitChannel> storeChannel(c10::intrusive_ptr<c10d::Store> store) {
+  if (!store) return nullptr;
+  return std::make_shared<StoreChannel>(std::move(store));
+}
+
+}  // namespace trainsup
