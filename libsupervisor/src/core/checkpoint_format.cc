@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -212,8 +213,17 @@ Status writeShard(FileSystem& fs, const std::string& dir, int rank, int world_si
     e.meta = t.meta;
     e.offset = w.offset();
     e.length = t.nbytes;
-    e.xxh3 = XXH3_64bits(t.data, t.nbytes);
-    if (Status s = w.write(t.data, t.nbytes); !s.isOk()) return fail(s);
+    // The checksum is needed only for the index at the end: for large tensors compute it on
+    // another thread while this one writes the same bytes.
+    if (t.nbytes >= (size_t{1} << 20)) {
+      auto hash = std::async(std::launch::async, [&t] { return XXH3_64bits(t.data, t.nbytes); });
+      Status s = w.write(t.data, t.nbytes);
+      e.xxh3 = hash.get();
+      if (!s.isOk()) return fail(s);
+    } else {
+      e.xxh3 = XXH3_64bits(t.data, t.nbytes);
+      if (Status s = w.write(t.data, t.nbytes); !s.isOk()) return fail(s);
+    }
     entries.push_back(std::move(e));
   }
   std::string index = indexJson(rank, world_size, step, entries);

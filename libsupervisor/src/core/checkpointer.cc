@@ -1,6 +1,7 @@
 #include "trainsup/checkpointer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -19,6 +20,28 @@ constexpr size_t kAlign = 64;
 constexpr double kDecisionSpacingS = 5.0;
 
 size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+constexpr size_t kCopyPiece = size_t{16} << 20;
+
+// The stall is a memory copy; one core rarely saturates memory bandwidth, so large snapshots
+// are copied by up to 4 threads (the caller is one of them).
+template <class Piece>
+void parallelCopy(const std::vector<Piece>& pieces) {
+  size_t total = 0;
+  for (const auto& p : pieces) total += p.n;
+  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  unsigned threads = static_cast<unsigned>(std::min<size_t>({4, hw, pieces.size(), total / (size_t{64} << 20) + 1}));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
+      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (unsigned t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (auto& h : helpers) h.join();
+}
 
 struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
@@ -248,15 +271,25 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
   j.step = step;
   j.seq = seq;
   j.metadata = std::move(metadata);
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    size_t n;
+  };
+  std::vector<Piece> pieces;
   size_t off = 0;
   for (const auto& b : sources) {
-    std::memcpy(arena.get() + off, b.data, b.nbytes);
     BufferRef staged = b;
     staged.data = arena.get() + off;
+    // 16 MiB pieces, so that several threads can share one large tensor.
+    for (size_t p = 0; p < b.nbytes; p += kCopyPiece) {
+      pieces.push_back({arena.get() + off + p, static_cast<const uint8_t*>(b.data) + p, std::min(kCopyPiece, b.nbytes - p)});
+    }
     j.buffers.push_back(std::move(staged));
     off += alignUp(b.nbytes);
     j.bytes += b.nbytes;
   }
+  parallelCopy(pieces);
   j.stall_s = toSeconds(clock->monotonicNow() - start);
   last_save_time = clock->monotonicNow();
   last_snapshot_step = step;
@@ -337,6 +370,8 @@ void Checkpointer::Impl::persist(Job& j) {
                                    {"stall_s", j.stall_s},
                                    {"persist_s", persist_s},
                                    {"young_daly_interval_s", yd}});
+    // Housekeeping after the commit is recorded: deleting old shards is not part of persisting.
+    if (identity.rank == 0) applyRetention();
     log(LogLevel::kInfo, "checkpoint step " + std::to_string(j.step) + " committed in " + dir + " (" +
                              std::to_string(j.bytes >> 20) + " MiB, stall " + std::to_string(j.stall_s) +
                              " s, persist " + std::to_string(persist_s) + " s" +
@@ -392,7 +427,6 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
     for (int r = 0; r < identity.world_size; ++r) channel->remove(old + "/shard/" + std::to_string(r));
     channel->remove(old + "/result");
   }
-  if (s.isOk()) applyRetention();
   return s;
 }
 

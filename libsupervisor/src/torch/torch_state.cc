@@ -3,7 +3,10 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
 namespace trainsup {
 
@@ -80,6 +83,12 @@ Status TorchState::collect(std::vector<BufferRef>& buffers, std::map<std::string
 
 Status TorchState::load(const Manifest& manifest, const ShardReader& shard) {
   torch::NoGradGuard no_grad;
+  // Check every tensor first, then read them in parallel: reads and checksums overlap.
+  struct Read {
+    const TensorEntry* entry;
+    torch::Tensor target;
+  };
+  std::vector<Read> reads;
   for (auto& [name, tensor] : namedTensors()) {
     const TensorEntry* e = shard.find(name);
     if (e == nullptr) return Status::invalidArgument("tensor '" + name + "' is not in the checkpoint (model changed?)");
@@ -89,15 +98,35 @@ Status TorchState::load(const Manifest& manifest, const ShardReader& shard) {
       return Status::invalidArgument("tensor '" + name + "' has another dtype or shape in the checkpoint (" +
                                      dtypeName(e->meta.dtype) + ")");
     }
-    torch::Tensor t = tensor.detach();
-    if (t.device().is_cpu() && t.is_contiguous()) {
-      if (Status s = shard.read(*e, t.data_ptr(), t.nbytes()); !s.isOk()) return s;
-    } else {
-      torch::Tensor cpu = torch::empty(tensor.sizes(), tensor.options().device(torch::kCPU));
-      if (Status s = shard.read(*e, cpu.data_ptr(), cpu.nbytes()); !s.isOk()) return s;
-      t.copy_(cpu);
-    }
+    reads.push_back({e, tensor.detach()});
   }
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;
+  auto work = [&] {
+    for (size_t i = next.fetch_add(1); i < reads.size(); i = next.fetch_add(1)) {
+      torch::Tensor& t = reads[i].target;
+      Status s;
+      if (t.device().is_cpu() && t.is_contiguous()) {
+        s = shard.read(*reads[i].entry, t.data_ptr(), t.nbytes());
+      } else {
+        torch::Tensor cpu = torch::empty(t.sizes(), t.options().device(torch::kCPU));
+        s = shard.read(*reads[i].entry, cpu.data_ptr(), cpu.nbytes());
+        if (s.isOk()) t.copy_(cpu);
+      }
+      if (!s.isOk()) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first_error.isOk()) first_error = s;
+      }
+    }
+  };
+  unsigned threads = std::min<unsigned>({4u, std::max(1u, std::thread::hardware_concurrency()),
+                                         static_cast<unsigned>(std::max<size_t>(reads.size(), 1))});
+  std::vector<std::thread> helpers;
+  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(work);
+  work();
+  for (auto& h : helpers) h.join();
+  if (!first_error.isOk()) return first_error;
   for (const auto& [name, opt] : optimizers_) {
     const TensorEntry* e = shard.find(name);
     if (e == nullptr) return Status::invalidArgument("optimizer '" + name + "' is not in the checkpoint");
