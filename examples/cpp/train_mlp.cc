@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
     true_w = torch::randn({in, 1});
     state.addModule("model", model);
     state.addOptimizer("optim", optimizer);
+    state.addCpuRngState();
     // Ranks agree on checkpoint commits through the job's c10d store: torchrun's agent store
     // (TORCHELASTIC_USE_AGENT_STORE) or one served by rank 0 at MASTER_ADDR:MASTER_PORT.
     std::shared_ptr<trainsup::CommitChannel> channel;

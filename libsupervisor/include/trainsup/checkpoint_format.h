@@ -44,11 +44,14 @@ struct TensorMeta {
   std::vector<int64_t> shape;
 };
 
-// A named buffer to save. `data` is caller memory that must stay valid during the call.
+// A named buffer to save. `data` is caller memory that must stay valid during the call:
+// host memory (device = -1) or memory of CUDA device `device` (copied into pinned staging
+// memory by the checkpointer; needs the CUDA layer).
 struct BufferRef {
   TensorMeta meta;
   const void* data = nullptr;
   size_t nbytes = 0;
+  int device = -1;
 };
 
 struct TensorEntry {

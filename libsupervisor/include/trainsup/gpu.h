@@ -8,6 +8,7 @@
 // from any thread; the first call initializes the CUDA driver (tens of milliseconds to a second).
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 #include "trainsup/export.h"
@@ -23,5 +24,14 @@ struct GpuInfo {
 };
 
 TRAINSUP_EXPORT Result<GpuInfo> describeLocalGpu(int local_rank);
+
+// Page-locks host memory so device-to-host copies into it run at full speed (cudaHostRegister).
+// False (and nothing changed) without the CUDA layer, a driver or a device.
+TRAINSUP_EXPORT bool pinHostMemory(void* p, size_t n);
+TRAINSUP_EXPORT void unpinHostMemory(void* p);
+
+// Copies n bytes from memory of CUDA device `device` to host memory and waits for the copy.
+// Unavailable without the CUDA layer; IoError naming the CUDA error otherwise.
+TRAINSUP_EXPORT Status copyDeviceToHost(void* dst, const void* src, size_t n, int device);
 
 }  // namespace trainsup

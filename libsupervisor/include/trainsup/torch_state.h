@@ -11,9 +11,10 @@
 //   auto step = sup.restore(state.loader());      // newest valid checkpoint, or nullopt
 //   ... sup.maybeCheckpoint(step, state.collector());
 //
-// Contract: collector() hands the checkpointer pointers to CPU contiguous tensors as they are
-// (no copy: the checkpointer copies them into staging memory during the stall); tensors on
-// a GPU or non-contiguous ones are first copied to CPU. Optimizer state is stored as one blob in
+// Contract: collector() hands the checkpointer pointers to contiguous tensors as they are
+// (no copy here: the checkpointer copies them into staging memory during the stall, GPU
+// tensors with one device-to-host copy into pinned memory); non-contiguous ones are first made
+// contiguous. Optimizer state is stored as one blob in
 // torch's own serialization (OutputArchive), restored exactly. loader() writes into the
 // registered tensors in place under NoGradGuard, checking every checksum; a tensor missing
 // from the checkpoint, or with another dtype or shape, is InvalidArgument (the model does not
@@ -45,6 +46,8 @@ class TRAINSUP_EXPORT TorchState {
   void addModule(std::string prefix, torch::nn::Module& module);
   void addOptimizer(std::string name, torch::optim::Optimizer& optimizer);
   void addTensor(std::string name, torch::Tensor tensor);
+  // The default CPU generator's state (torch::manual_seed / randn), saved and set back on restore.
+  void addCpuRngState(std::string name = "torch.rng.cpu");
   std::map<std::string, std::string>& metadata() { return metadata_; }
   const std::map<std::string, std::string>& restoredMetadata() const { return restored_metadata_; }
 
@@ -61,6 +64,7 @@ class TRAINSUP_EXPORT TorchState {
   std::vector<std::pair<std::string, torch::nn::Module*>> modules_;
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
   std::vector<std::pair<std::string, torch::Tensor>> tensors_;
+  std::string rng_name_;  // empty: the RNG state is not saved
   std::map<std::string, std::string> metadata_;
   std::map<std::string, std::string> restored_metadata_;
   // Kept alive while the checkpointer copies them.

@@ -31,4 +31,31 @@ Result<GpuInfo> describeLocalGpu(int local_rank) {
   return info;
 }
 
+bool pinHostMemory(void* p, size_t n) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) {
+    cudaGetLastError();  // clear it: a failed registration is not the caller's CUDA error
+    return false;
+  }
+  return true;
+}
+
+void unpinHostMemory(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
+Status copyDeviceToHost(void* dst, const void* src, size_t n, int device) {
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess) err = cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+  if (previous >= 0) cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    return Status::ioError("copy of " + std::to_string(n) + " bytes from CUDA device " + std::to_string(device) +
+                           ": " + cudaGetErrorString(err));
+  }
+  return Status::ok();
+}
+
 }  // namespace trainsup

@@ -1,6 +1,7 @@
 // The only translation unit of the library that includes torch headers (~25 s to compile).
 #include "trainsup/torch_state.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -29,6 +30,7 @@ Result<DType> dtypeOf(c10::ScalarType t) {
 void TorchState::addModule(std::string prefix, torch::nn::Module& module) { modules_.emplace_back(std::move(prefix), &module); }
 void TorchState::addOptimizer(std::string name, torch::optim::Optimizer& o) { optimizers_.emplace_back(std::move(name), &o); }
 void TorchState::addTensor(std::string name, torch::Tensor t) { tensors_.emplace_back(std::move(name), std::move(t)); }
+void TorchState::addCpuRngState(std::string name) { rng_name_ = std::move(name); }
 
 std::vector<std::pair<std::string, torch::Tensor>> TorchState::namedTensors() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
@@ -55,8 +57,12 @@ Status TorchState::collect(std::vector<BufferRef>& buffers, std::map<std::string
     auto dt = dtypeOf(tensor.scalar_type());
     if (!dt) return Status::invalidArgument("'" + name + "': " + dt.status().message());
     torch::Tensor t = tensor.detach();
-    if (!t.device().is_cpu() || !t.is_contiguous()) {
-      t = t.to(torch::kCPU).contiguous();
+    if (!t.is_contiguous()) {
+      t = t.contiguous();
+      hold_.push_back(t);
+    }
+    if (!t.device().is_cpu() && !t.device().is_cuda()) {
+      t = t.to(torch::kCPU);
       hold_.push_back(t);
     }
     BufferRef r;
@@ -65,7 +71,18 @@ Status TorchState::collect(std::vector<BufferRef>& buffers, std::map<std::string
     r.meta.shape.assign(t.sizes().begin(), t.sizes().end());
     r.data = t.data_ptr();
     r.nbytes = t.nbytes();
+    r.device = t.device().is_cuda() ? t.device().index() : -1;
     buffers.push_back(std::move(r));
+  }
+  if (!rng_name_.empty()) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    torch::Tensor st;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      st = gen.get_state();
+    }
+    hold_.push_back(st);
+    buffers.push_back({{rng_name_, DType::kBytes, {st.numel()}}, st.data_ptr(), static_cast<size_t>(st.nbytes())});
   }
   blobs_.reserve(optimizers_.size());
   for (const auto& [name, opt] : optimizers_) {
@@ -127,6 +144,19 @@ Status TorchState::load(const Manifest& manifest, const ShardReader& shard) {
   work();
   for (auto& h : helpers) h.join();
   if (!first_error.isOk()) return first_error;
+  if (!rng_name_.empty()) {
+    const TensorEntry* e = shard.find(rng_name_);
+    if (e == nullptr) return Status::invalidArgument("RNG state '" + rng_name_ + "' is not in the checkpoint");
+    torch::Tensor st = torch::empty({static_cast<int64_t>(e->length)}, torch::kUInt8);
+    if (Status s = shard.read(*e, st.data_ptr(), st.nbytes()); !s.isOk()) return s;
+    auto gen = at::detail::getDefaultCPUGenerator();
+    try {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(st);
+    } catch (const c10::Error& err) {
+      return Status::invalidArgument("RNG state '" + rng_name_ + "': " + err.what_without_backtrace());
+    }
+  }
   for (const auto& [name, opt] : optimizers_) {
     const TensorEntry* e = shard.find(name);
     if (e == nullptr) return Status::invalidArgument("optimizer '" + name + "' is not in the checkpoint");
