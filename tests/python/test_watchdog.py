@@ -14,6 +14,18 @@ import trainsup
 SCRIPT = textwrap.dedent("""
     import ctypes, time, trainsup
     kind = {kind!r}
+
+    def stall_here(kind):
+        if kind == "sleep":
+            time.sleep(3600)
+        elif kind == "spin":
+            x = 0
+            while True:
+                x += 1
+        elif kind == "gil":
+            # PyDLL keeps the GIL held during the call: no Python thread can run.
+            ctypes.PyDLL(None).sleep(3600)
+
     with trainsup.Supervisor(section_budgets={{"step": 1.5}}, node_name="py-host-b", job_id="pystall",
                              rank=1, world_size=2, log_dir={log_dir!r}, budget_floor_s=1) as sup:
         for step in range(1000000):
@@ -21,14 +33,7 @@ SCRIPT = textwrap.dedent("""
                 x = sum(range(1000))
                 if step == 20:
                     sup.event("fault_injected", kind=kind, step=step)
-                    if kind == "sleep":
-                        time.sleep(3600)
-                    elif kind == "spin":
-                        while True:
-                            x += 1
-                    elif kind == "gil":
-                        # PyDLL keeps the GIL held during the call: no Python thread can run.
-                        ctypes.PyDLL(None).sleep(3600)
+                    stall_here(kind)
 """)
 
 
@@ -57,6 +62,13 @@ def test_python_stall_is_caught_within_budget_plus_one_second(tmp_path, kind):
     log = open(f"{base}.log").read()
     assert "STALL: section 'step' (step 20)" in log
     assert "[training loop]" in log and "  #0 " in log
+    # The Python stack of the stuck thread, as faulthandler prints it, even with the GIL held.
+    assert "python stacks:" in log and "(most recent call first)" in log
+    if kind != "gil":
+        # For a C call made with the GIL held, CPython 3.11 has not yet published the innermost
+        # frame, so faulthandler's walk (ours too) starts one level up, at the caller.
+        assert "in stall_here" in log, log[-3000:]
+    assert 'File "<string>"' in log
     print(f"[measure] python {kind}: exited {waited:.2f} s after the stall began")
 
 

@@ -1,16 +1,29 @@
 // _trainsup: the C++ supervisor for Python. The watchdog runs on its own C++ threads and never
-// takes the GIL, so it catches a rank stuck while holding the GIL. Blocking calls release it.
+// takes the GIL, so it catches a rank stuck while holding the GIL. Calls that block or copy
+// (close, checkpoint snapshots, restore reads) release the GIL. This file includes no torch
+// header: tensors cross as (pointer, size, dtype, shape, device) tuples, and the c10d store as
+// any Python object with set/get/add/delete methods, so one build serves every torch version.
+#include <Python.h>
+#include <fcntl.h>
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <optional>
 
+#include "trainsup/checkpointer.h"
 #include "trainsup/exit_codes.h"
 #include "trainsup/supervisor.h"
 #include "trainsup/version.h"
 
+// CPython's own all-threads traceback dump (what faulthandler uses from its watchdog thread):
+// it reads the thread states without the GIL and writes with write(2).
+extern "C" const char* _Py_DumpTracebackThreads(int fd, PyInterpreterState* interp, PyThreadState* current_tstate);
+
 namespace py = pybind11;
-using trainsup::Supervisor;
+using namespace trainsup;
 
 namespace {
 
@@ -33,34 +46,246 @@ class PyScope {
   std::optional<Supervisor::Scope> scope_;
 };
 
+// Every Python thread's stack, without the GIL, into a memory file, read back as text.
+std::string dumpPythonStacks() {
+  int fd = memfd_create("trainsup-pystacks", MFD_CLOEXEC);
+  if (fd < 0) return "(cannot create a memory file for the Python dump)";
+  const char* err = _Py_DumpTracebackThreads(fd, nullptr, nullptr);
+  std::string text;
+  off_t size = lseek(fd, 0, SEEK_END);
+  if (size > 0) {
+    text.resize(static_cast<size_t>(size));
+    ssize_t got = pread(fd, text.data(), text.size(), 0);
+    text.resize(got > 0 ? static_cast<size_t>(got) : 0);
+  }
+  close(fd);
+  if (err != nullptr) text += std::string("(") + err + ")\n";
+  return text;
+}
+
+// A CommitChannel over a Python object with set(key, str), get(key, timeout_s) -> str,
+// add(key, int) -> int and remove(key): trainsup.PyStoreChannel wraps a c10d store so.
+class PyChannel final : public CommitChannel {
+ public:
+  explicit PyChannel(py::object target) : target_(std::move(target)) {}
+  ~PyChannel() override {
+    py::gil_scoped_acquire gil;
+    target_ = py::object();
+  }
+  Status set(const std::string& key, const std::string& value) override {
+    return call("set", key, [&] { target_.attr("set")(key, value); });
+  }
+  Result<std::string> get(const std::string& key, Nanos timeout) override {
+    std::string out;
+    Status s = call("get", key, [&] { out = target_.attr("get")(key, toSeconds(timeout)).cast<std::string>(); });
+    if (!s.isOk()) return s;
+    return out;
+  }
+  Result<int64_t> add(const std::string& key, int64_t delta) override {
+    int64_t v = 0;
+    Status s = call("add", key, [&] { v = target_.attr("add")(key, delta).cast<int64_t>(); });
+    if (!s.isOk()) return s;
+    return v;
+  }
+  Status remove(const std::string& key) override { return call("remove", key, [&] { target_.attr("remove")(key); }); }
+
+ private:
+  template <class F>
+  Status call(const char* op, const std::string& key, F&& f) {
+    py::gil_scoped_acquire gil;
+    try {
+      f();
+      return Status::ok();
+    } catch (py::error_already_set& e) {
+      std::string msg = std::string("store ") + op + " '" + key + "': " + e.what();
+      bool timeout = e.matches(PyExc_TimeoutError) || msg.find("imeout") != std::string::npos;
+      return timeout ? Status::timedOut(msg) : Status::unavailable(msg);
+    }
+  }
+  py::object target_;
+};
+
+// A shard for Python readers: its index, and checksummed reads into caller memory.
+class PyShard {
+ public:
+  PyShard(const ShardReader* reader, std::unique_ptr<ShardReader> owner = nullptr)
+      : reader_(reader), owner_(std::move(owner)) {}
+  py::list entries() const {
+    py::list out;
+    for (const auto& e : reader_->info().tensors) {
+      py::dict d;
+      d["name"] = e.meta.name;
+      d["dtype"] = dtypeName(e.meta.dtype);
+      d["shape"] = e.meta.shape;
+      d["nbytes"] = e.length;
+      out.append(d);
+    }
+    return out;
+  }
+  void readInto(const std::string& name, uintptr_t address, size_t nbytes) const {
+    const TensorEntry* e = reader_->find(name);
+    if (e == nullptr) throw py::key_error("'" + name + "' is not in " + reader_->path());
+    Status s;
+    {
+      py::gil_scoped_release release;
+      s = reader_->read(*e, reinterpret_cast<void*>(address), nbytes);
+    }
+    if (!s.isOk()) throw std::runtime_error(s.toString());
+  }
+  int rank() const { return reader_->info().rank; }
+  int worldSize() const { return reader_->info().world_size; }
+  int64_t step() const { return reader_->info().step; }
+  std::string path() const { return reader_->path(); }
+
+ private:
+  const ShardReader* reader_;
+  std::unique_ptr<ShardReader> owner_;
+};
+
+py::dict manifestDict(const Manifest& m) {
+  py::dict d;
+  d["step"] = m.step;
+  d["world_size"] = m.world_size;
+  d["created_unix_s"] = m.created_unix_s;
+  d["library_version"] = m.library_version;
+  d["job_id"] = m.job_id;
+  d["metadata"] = m.metadata;
+  py::list shards;
+  for (const auto& s : m.shards) {
+    py::dict sd;
+    sd["rank"] = s.rank;
+    sd["file"] = s.file;
+    sd["size"] = s.size;
+    shards.append(sd);
+  }
+  d["shards"] = shards;
+  return d;
+}
+
 // Settings given as TRAINSUP_*/torchrun variable names take precedence over the environment.
 std::unique_ptr<Supervisor> create(std::map<std::string, std::string> overrides) {
-  trainsup::Environment process = trainsup::Environment::process();
-  trainsup::Environment env([&](const std::string& name) -> std::optional<std::string> {
+  Environment process = Environment::process();
+  Environment env([&](const std::string& name) -> std::optional<std::string> {
     auto it = overrides.find(name);
     if (it != overrides.end()) return it->second.empty() ? std::nullopt : std::optional<std::string>(it->second);
     return process.get(name);
   });
-  auto config = trainsup::Config::fromEnvironment(env);
+  auto config = Config::fromEnvironment(env);
   if (!config) throw py::value_error(config.status().message());
   auto sup = Supervisor::create(*config);
   if (!sup) throw std::runtime_error(sup.status().toString());
+  (*sup)->addStackDumpHook("python", dumpPythonStacks);
   return std::move(*sup);
+}
+
+std::string outcomeName(Checkpointer::Outcome o) {
+  switch (o) {
+    case Checkpointer::Outcome::kNotDue: return "not_due";
+    case Checkpointer::Outcome::kStarted: return "started";
+    case Checkpointer::Outcome::kSkippedBusy: return "skipped_busy";
+  }
+  return "?";
+}
+
+// collect() returns (buffers, metadata); buffers are (name, dtype, shape, address, nbytes,
+// device) tuples whose memory the Python side keeps alive until save() returns.
+std::string save(Supervisor& sup, int64_t step, const py::function& collect, bool now) {
+  py::object keep;  // the Python result, alive until the copy is done
+  Checkpointer::Collect c = [&](std::vector<BufferRef>& buffers, std::map<std::string, std::string>& meta) -> Status {
+    py::gil_scoped_acquire gil;
+    try {
+      keep = collect();
+      auto tup = keep.cast<py::tuple>();
+      for (auto item : tup[0].cast<py::list>()) {
+        auto t = item.cast<py::tuple>();
+        BufferRef r;
+        r.meta.name = t[0].cast<std::string>();
+        auto dt = dtypeFromName(t[1].cast<std::string>());
+        if (!dt) return Status::invalidArgument("'" + r.meta.name + "': unknown dtype " + t[1].cast<std::string>());
+        r.meta.dtype = *dt;
+        r.meta.shape = t[2].cast<std::vector<int64_t>>();
+        r.data = reinterpret_cast<const void*>(t[3].cast<uintptr_t>());
+        r.nbytes = t[4].cast<size_t>();
+        r.device = t[5].cast<int>();
+        buffers.push_back(std::move(r));
+      }
+      for (auto kv : tup[1].cast<py::dict>()) meta[kv.first.cast<std::string>()] = kv.second.cast<std::string>();
+      return Status::ok();
+    } catch (py::error_already_set& e) {
+      return Status::invalidArgument(std::string("collecting the state: ") + e.what());
+    }
+  };
+  Result<Checkpointer::Outcome> r = Status::internal("unset");
+  {
+    py::gil_scoped_release release;
+    r = now ? sup.checkpoint(step, c) : sup.maybeCheckpoint(step, c);
+  }
+  keep = py::object();
+  if (!r) throw std::runtime_error(r.status().toString());
+  return outcomeName(*r);
+}
+
+std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
+  Checkpointer::Load l = [&](const Manifest& m, const ShardReader& shard) -> Status {
+    py::gil_scoped_acquire gil;
+    try {
+      load(PyShard(&shard), manifestDict(m));
+      return Status::ok();
+    } catch (py::error_already_set& e) {
+      // A state that does not match the checkpoint is the caller's error: stop, do not fall back.
+      if (e.matches(PyExc_KeyError) || e.matches(PyExc_ValueError) || e.matches(PyExc_TypeError)) {
+        return Status::invalidArgument(e.what());
+      }
+      return Status::corruption(e.what());
+    }
+  };
+  Result<std::optional<int64_t>> r = Status::internal("unset");
+  {
+    py::gil_scoped_release release;
+    r = sup.restore(l);
+  }
+  if (!r) {
+    if (r.status().code() == StatusCode::kInvalidArgument) throw py::value_error(r.status().message());
+    throw std::runtime_error(r.status().toString());
+  }
+  return *r;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_trainsup, m) {
   m.doc() = "trainsup C++ core (use the `trainsup` package)";
-  m.attr("__version__") = trainsup::kVersionString;
-  m.attr("EXIT_STOP_REQUESTED") = trainsup::kExitStopRequested;
-  m.attr("EXIT_STALL") = trainsup::kExitStall;
-  m.attr("EXIT_WATCHDOG_UNRESPONSIVE") = trainsup::kExitWatchdogUnresponsive;
-  m.attr("EXIT_BAD_CONFIG") = trainsup::kExitBadConfig;
+  m.attr("__version__") = kVersionString;
+  m.attr("EXIT_STOP_REQUESTED") = kExitStopRequested;
+  m.attr("EXIT_STALL") = kExitStall;
+  m.attr("EXIT_WATCHDOG_UNRESPONSIVE") = kExitWatchdogUnresponsive;
+  m.attr("EXIT_BAD_CONFIG") = kExitBadConfig;
 
   py::class_<PyScope>(m, "Scope")
       .def("__enter__", &PyScope::enter, py::return_value_policy::reference)
       .def("__exit__", &PyScope::exit);
+
+  py::class_<PyShard>(m, "Shard")
+      .def("entries", &PyShard::entries)
+      .def("read_into", &PyShard::readInto, py::arg("name"), py::arg("address"), py::arg("nbytes"))
+      .def_property_readonly("rank", &PyShard::rank)
+      .def_property_readonly("world_size", &PyShard::worldSize)
+      .def_property_readonly("step", &PyShard::step)
+      .def_property_readonly("path", &PyShard::path);
+
+  m.def("read_manifest", [](const std::string& dir) {
+    auto r = readManifest(FileSystem::posix(), dir);
+    if (!r) throw std::runtime_error(r.status().toString());
+    return manifestDict(*r);
+  });
+  m.def("open_shard", [](const std::string& path) {
+    auto r = ShardReader::open(FileSystem::posix(), path);
+    if (!r) throw std::runtime_error(r.status().toString());
+    const ShardReader* raw = r->get();
+    return PyShard(raw, std::move(*r));
+  });
+  m.def("checkpoint_dir_name", &checkpointDirName);
+  m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
 
   py::class_<Supervisor>(m, "Supervisor")
       .def(py::init(&create), py::arg("overrides"))
@@ -69,20 +294,30 @@ PYBIND11_MODULE(_trainsup, m) {
            py::keep_alive<0, 1>())
       .def_property_readonly("stop_requested", &Supervisor::stopRequested)
       .def("log", [](Supervisor& s, const std::string& level, const std::string& msg) {
-        trainsup::LogLevel l = level == "debug" ? trainsup::LogLevel::kDebug
-                               : level == "warn" ? trainsup::LogLevel::kWarn
-                               : level == "error" ? trainsup::LogLevel::kError
-                                                  : trainsup::LogLevel::kInfo;
+        LogLevel l = level == "debug" ? LogLevel::kDebug
+                     : level == "warn" ? LogLevel::kWarn
+                     : level == "error" ? LogLevel::kError
+                                        : LogLevel::kInfo;
         s.log(l, msg);
       })
       .def("event", [](Supervisor& s, const std::string& name, const std::map<std::string, std::string>& fields) {
-        trainsup::EventFields f;
+        EventFields f;
         for (const auto& [k, v] : fields) f.emplace_back(k, v);
         s.event(name, f);
       }, py::arg("name"), py::arg("fields") = std::map<std::string, std::string>{})
+      .def("enable_checkpoints", [](Supervisor& s, py::object channel) {
+        std::shared_ptr<CommitChannel> c;
+        if (!channel.is_none()) c = std::make_shared<PyChannel>(channel);
+        auto r = s.checkpointer(c);
+        if (!r) throw py::value_error(r.status().message());
+      }, py::arg("channel"))
+      .def("save", &save, py::arg("step"), py::arg("collect"), py::arg("now"))
+      .def("restore", &restore, py::arg("load"))
       .def_property_readonly("host", [](Supervisor& s) { return s.identity().host; })
       .def_property_readonly("rank", [](Supervisor& s) { return s.identity().rank; })
+      .def_property_readonly("world_size", [](Supervisor& s) { return s.identity().world_size; })
       .def_property_readonly("log_file", &Supervisor::logFilePath)
       .def_property_readonly("event_log", &Supervisor::eventLogPath)
+      .def_property_readonly("checkpoint_dir", [](Supervisor& s) { return s.config().checkpoint.dir; })
       .def("close", &Supervisor::close, py::call_guard<py::gil_scoped_release>());
 }

@@ -1,16 +1,20 @@
 """trainsup: keeps large PyTorch training jobs alive.
 
-This first cut exposes the C++ supervisor: a watchdog that runs on its own native threads
-(so it catches a rank stuck in Python, in C, or holding the GIL), host-attributed logs and the
-event log. Checkpointing, the collective tracker and the launcher arrive with later releases.
+The C++ supervisor for a PyTorch script: a watchdog on its own native threads (it catches a
+rank stuck in Python, in C, or holding the GIL, and dumps native and Python stacks),
+host-attributed logs, the event log, and asynchronous verified checkpoints.
 
     import trainsup
+    state = {"model": model, "optimizer": optimizer, "epoch": 0}
     with trainsup.Supervisor(section_budgets={"step": 30}) as sup:
-        for step in range(steps):
+        start = sup.restore(state)            # newest valid checkpoint's step, 0 if none
+        for step in range(start, steps):
             with sup.step(step):
                 train_one_step()
+            sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
 """
 from . import _trainsup
+from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint
 from ._trainsup import (EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,
                         EXIT_WATCHDOG_UNRESPONSIVE)
 
@@ -30,6 +34,10 @@ _SETTINGS = {
     "budget_warmup_count": "TRAINSUP_BUDGET_WARMUP_COUNT",
     "budget_warmup_s": "TRAINSUP_BUDGET_WARMUP_S", "warn_fraction": "TRAINSUP_WARN_FRACTION",
     "section_budgets": "TRAINSUP_SECTION_BUDGETS", "handle_signals": "TRAINSUP_HANDLE_SIGNALS",
+    "checkpoint_dir": "TRAINSUP_CHECKPOINT_DIR", "checkpoint_interval_s": "TRAINSUP_CHECKPOINT_INTERVAL_S",
+    "checkpoint_every_steps": "TRAINSUP_CHECKPOINT_EVERY_STEPS", "checkpoint_keep": "TRAINSUP_CHECKPOINT_KEEP",
+    "checkpoint_busy_policy": "TRAINSUP_CHECKPOINT_BUSY_POLICY",
+    "checkpoint_commit_timeout_s": "TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", "mtbf_s": "TRAINSUP_MTBF_S",
 }
 
 
@@ -44,13 +52,59 @@ def _as_text(name, value):
 class Supervisor:
     """Supervises this rank. Keyword settings override TRAINSUP_* and torchrun variables."""
 
-    def __init__(self, **settings):
+    def __init__(self, include_rng=True, **settings):
         unknown = sorted(set(settings) - set(_SETTINGS))
         if unknown:
             raise TypeError(f"trainsup.Supervisor: unknown setting(s) {unknown}; "
                             f"known: {sorted(_SETTINGS)}")
         overrides = {_SETTINGS[k]: _as_text(k, v) for k, v in settings.items()}
         self._sup = _trainsup.Supervisor(overrides)
+        self._include_rng = include_rng
+        self._checkpoints = False
+
+    # --- checkpoints: collective calls, every rank at the same steps ---
+    def _ensure_checkpoints(self):
+        if self._checkpoints:
+            return
+        channel = None
+        if self._sup.world_size > 1:
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                raise RuntimeError("trainsup: checkpoints of several ranks need torch.distributed "
+                                   "initialized first (its store carries the commit)")
+            channel = PyStoreChannel(dist.distributed_c10d._get_default_store())
+        self._sup.enable_checkpoints(channel)
+        self._checkpoints = True
+
+    def _save(self, step, state, now):
+        self._ensure_checkpoints()
+        keep = []
+
+        def collect():
+            from .checkpoint import collect as _collect
+            buffers, metadata, alive = _collect(state, self._include_rng)
+            keep.append(alive)
+            return buffers, metadata
+
+        return self._sup.save(int(step), collect, now)
+
+    def maybe_checkpoint(self, step, state):
+        """Checkpoints `state` if one is due (interval or every-N-steps); returns 'started',
+        'not_due' or 'skipped_busy'. The stall is the copy; the write happens in the background."""
+        return self._save(step, state, False)
+
+    def checkpoint(self, step, state):
+        """Checkpoints `state` now (subject to the busy policy)."""
+        return self._save(step, state, True)
+
+    def restore(self, state):
+        """Loads the newest checkpoint that verifies on every rank into `state` (in place: modules,
+        optimizers and schedulers through load_state_dict, other values replaced) and returns its
+        step, or 0 when there is none. A state that does not match the checkpoint raises ValueError."""
+        self._ensure_checkpoints()
+        from .checkpoint import load_into
+        step = self._sup.restore(lambda shard, manifest: load_into(state, shard))
+        return 0 if step is None else step
 
     def step(self, step):
         """Context manager timing one training step."""

@@ -96,6 +96,10 @@ class TRAINSUP_EXPORT Supervisor {
   int stopSignal() const;  // the signal that asked, or 0
 
   void addAbortCallback(std::string name, std::function<void(const StallReport&)> callback);
+  // Extra stack dumps (the Python bindings add every Python thread's stack) written into the
+  // rank log after the native one on a stall. `dump` runs on the watchdog thread while the
+  // training thread may be stuck: it must not need the GIL or any lock that thread may hold.
+  void addStackDumpHook(std::string name, std::function<std::string()> dump);
 
   void log(LogLevel level, std::string_view message);
   void event(std::string_view name, const EventFields& fields = {});

@@ -47,6 +47,7 @@ struct Supervisor::Impl {
 
   std::mutex callbacks_mu;
   std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> callbacks;  // guarded
+  std::vector<std::pair<std::string, std::function<std::string()>>> dump_hooks;           // guarded
 
   void onTick();
   void onWarn(const StallReport& r);
@@ -146,9 +147,33 @@ void Supervisor::Impl::onStall(const StallReport& r) {
     if (t.tid == training) t.name += " [training loop]";
   }
   for (const std::string& line : formatStackDump(dump)) log.error("{}", line);
+  std::vector<std::pair<std::string, std::function<std::string()>>> hooks;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mu);
+    hooks = dump_hooks;
+  }
+  std::string extra;
+  for (auto& [name, hook] : hooks) {
+    std::string text;
+    try {
+      text = hook();
+    } catch (const std::exception& e) {
+      text = std::string("(dump failed: ") + e.what() + ")";
+    }
+    log.error("{} stacks:", name);
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\n', pos);
+      if (end == std::string::npos) end = text.size();
+      if (end > pos) log.error("  {}", text.substr(pos, end - pos));
+      pos = end + 1;
+    }
+    extra += (extra.empty() ? "" : ",") + name;
+  }
   events->write("stack_dump", {{"threads", static_cast<int64_t>(dump.threads.size())},
                                {"answered", dump.answered},
                                {"training_tid", training},
+                               {"extra_dumps", extra},
                                {"log_file", log_path}});
   log.flush();
   if (!exiting) return;
@@ -326,6 +351,11 @@ int Supervisor::stopSignal() const { return impl_->owns_signals ? stop_signals::
 void Supervisor::addAbortCallback(std::string name, std::function<void(const StallReport&)> callback) {
   std::lock_guard<std::mutex> lock(impl_->callbacks_mu);
   impl_->callbacks.emplace_back(std::move(name), std::move(callback));
+}
+
+void Supervisor::addStackDumpHook(std::string name, std::function<std::string()> dump) {
+  std::lock_guard<std::mutex> lock(impl_->callbacks_mu);
+  impl_->dump_hooks.emplace_back(std::move(name), std::move(dump));
 }
 
 void Supervisor::log(LogLevel level, std::string_view message) {

@@ -1,0 +1,233 @@
+"""Python state <-> trainsup checkpoints.
+
+A training state is a dict. Values with ``state_dict()``/``load_state_dict()`` (modules,
+optimizers, LR schedulers) are saved through their state dicts; other values are saved as they
+are. Every tensor goes into the checkpoint as a named buffer (the C++ checkpointer copies it
+into staging memory; CUDA tensors with one device-to-host copy); everything else (nested
+dicts, numbers, strings, RNG states of numpy and ``random``) is pickled into one bytes buffer,
+``__skeleton__``, with placeholders where the tensors were. Loading unpickles that skeleton, so
+only load checkpoints you trust, as with ``torch.load``.
+"""
+import os
+import pickle
+import random
+
+import torch
+
+from . import _trainsup
+
+_TO_NAME = {
+    torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+    torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
+    torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+}
+_FROM_NAME = {v: k for k, v in _TO_NAME.items()}
+_FROM_NAME["bytes"] = torch.uint8
+SKELETON = "__skeleton__"
+RNG_KEY = "__rng__"
+
+
+class _Tensor:
+    """Where a tensor stood in the pickled skeleton."""
+    __slots__ = ("name",)
+
+    def __init__(self, name):
+        self.name = name
+
+    def __reduce__(self):
+        return (_Tensor, (self.name,))
+
+
+def _flatten(prefix, obj, tensors):
+    if isinstance(obj, torch.Tensor):
+        name = prefix
+        tensors.append((name, obj))
+        return _Tensor(name)
+    if isinstance(obj, dict):
+        flat = {k: _flatten(f"{prefix}.{k}", v, tensors) for k, v in obj.items()}
+        if type(obj) is not dict:
+            try:
+                return type(obj)(flat)  # OrderedDict and friends keep their type
+            except TypeError:
+                pass
+        return flat
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        items = [_flatten(f"{prefix}.{i}", v, tensors) for i, v in enumerate(obj)]
+        return items if isinstance(obj, list) else tuple(items)
+    return obj
+
+
+def _rng_state():
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    try:
+        import numpy
+        state["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "numpy" in state:
+        import numpy
+        numpy.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def collect(state, include_rng=True):
+    """(buffers, metadata) for _trainsup.Supervisor.save; the tuples keep the memory alive."""
+    tensors = []
+    skeleton = {}
+    for key, obj in state.items():
+        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+            skeleton[key] = ("state_dict", _flatten(key, obj.state_dict(), tensors))
+        else:
+            skeleton[key] = ("value", _flatten(key, obj, tensors))
+    if include_rng:
+        skeleton[RNG_KEY] = ("rng", _flatten(RNG_KEY, _rng_state(), tensors))
+    buffers = []
+    keep = []
+    cuda_seen = False
+    for name, t in tensors:
+        t = t.detach()
+        if t.dtype not in _TO_NAME:
+            raise TypeError(f"trainsup: tensor '{name}' has dtype {t.dtype}, which cannot be checkpointed")
+        if not t.is_contiguous():
+            t = t.contiguous()
+        if t.device.type not in ("cpu", "cuda"):
+            t = t.cpu()
+        cuda_seen |= t.device.type == "cuda"
+        keep.append(t)
+        buffers.append((name, _TO_NAME[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size(),
+                        t.device.index if t.device.type == "cuda" else -1))
+    if cuda_seen:
+        torch.cuda.synchronize()  # the copy runs on the default stream; pending kernels first
+    blob = torch.frombuffer(bytearray(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+    keep.append(blob)
+    buffers.append((SKELETON, "bytes", [blob.numel()], blob.data_ptr(), blob.numel(), -1))
+    return buffers, {"trainsup.python": "1"}, keep
+
+
+def _read(shard, entry):
+    t = torch.empty(entry["shape"], dtype=_FROM_NAME[entry["dtype"]])
+    shard.read_into(entry["name"], t.data_ptr(), t.numel() * t.element_size())
+    return t
+
+
+def _materialize(node, shard, entries):
+    if isinstance(node, _Tensor):
+        return _read(shard, entries[node.name])
+    if isinstance(node, dict):
+        return {k: _materialize(v, shard, entries) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_materialize(v, shard, entries) for v in node]
+    if isinstance(node, tuple):
+        return tuple(_materialize(v, shard, entries) for v in node)
+    return node
+
+
+def read_skeleton(shard, entries):
+    if SKELETON not in entries:
+        return None
+    return pickle.loads(_read(shard, entries[SKELETON]).numpy().tobytes())
+
+
+def load_into(state, shard):
+    """Loads a shard into `state` in place. KeyError/ValueError/TypeError mean the state does not
+    match the checkpoint (the restore stops); anything else means the checkpoint is bad."""
+    entries = {e["name"]: e for e in shard.entries()}
+    skeleton = read_skeleton(shard, entries)
+    if skeleton is None:
+        raise KeyError(f"{shard.path} has no Python state ({SKELETON}); it was not written by trainsup.Supervisor")
+    missing = [k for k in state if k not in skeleton]
+    if missing:
+        raise KeyError(f"the checkpoint in {shard.path} has no entry for {missing}")
+    for key, (kind, node) in skeleton.items():
+        value = _materialize(node, shard, entries)
+        if kind == "rng":
+            _set_rng_state(value)
+        elif key not in state:
+            continue
+        elif kind == "state_dict":
+            try:
+                state[key].load_state_dict(value)
+            except RuntimeError as e:  # torch reports shape mismatches as RuntimeError
+                raise ValueError(f"'{key}': {e}") from e
+        else:
+            state[key] = value
+
+
+class PyStoreChannel:
+    """A torch.distributed Store as trainsup's commit channel (any torch version)."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def set(self, key, value):
+        self._store.set(key, value)
+
+    def get(self, key, timeout_s):
+        import datetime
+        self._store.wait([key], datetime.timedelta(seconds=timeout_s))
+        return self._store.get(key).decode()
+
+    def add(self, key, delta):
+        return self._store.add(key, delta)
+
+    def remove(self, key):
+        try:
+            self._store.delete_key(key)
+        except (RuntimeError, NotImplementedError):
+            pass  # FileStore cannot delete; a leftover key costs a few bytes
+
+
+class Checkpoint:
+    """A checkpoint opened for reading: ``step``, ``world_size``, ``metadata``, ``path``, and per
+    rank ``tensors(rank)`` (every buffer as a tensor; ``bytes`` ones as uint8) and ``state(rank)``
+    (the Python state as saved by trainsup.Supervisor, tensors in place)."""
+
+    def __init__(self, path):
+        self.path = path
+        manifest = _trainsup.read_manifest(path)
+        self.step = manifest["step"]
+        self.world_size = manifest["world_size"]
+        self.metadata = dict(manifest["metadata"])
+        self.shards = manifest["shards"]
+
+    def _shard(self, rank):
+        return _trainsup.open_shard(os.path.join(self.path, self.shards[rank]["file"]))
+
+    def tensors(self, rank=0):
+        shard = self._shard(rank)
+        return {e["name"]: _read(shard, e) for e in shard.entries() if e["name"] != SKELETON}
+
+    def state(self, rank=0):
+        shard = self._shard(rank)
+        entries = {e["name"]: e for e in shard.entries()}
+        skeleton = read_skeleton(shard, entries)
+        if skeleton is None:
+            return None
+        return {k: _materialize(node, shard, entries) for k, (kind, node) in skeleton.items()}
+
+
+def load_checkpoint(path):
+    """Opens a checkpoint: a step directory, or a checkpoint root (then the newest one that has a
+    manifest whose shards are all present). Returns a Checkpoint."""
+    if os.path.exists(os.path.join(path, "MANIFEST.json")):
+        return Checkpoint(path)
+    steps = sorted((s, n) for n in os.listdir(path)
+                   if (s := _trainsup.parse_checkpoint_dir_name(n)) is not None)
+    for _, name in reversed(steps):
+        d = os.path.join(path, name)
+        try:
+            ck = Checkpoint(d)
+            if all(os.path.exists(os.path.join(d, s["file"])) for s in ck.shards):
+                return ck
+        except RuntimeError:
+            continue
+    raise FileNotFoundError(f"no checkpoint with a valid manifest under {path}")
