@@ -13,12 +13,36 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import trainsup
+
+
+def train_step(ddp, optimizer, scheduler, rank, step):
+    g = torch.Generator().manual_seed(1_000_003 * rank + step)
+    x = torch.randn(64, 32, generator=g)
+    y = x.sum(dim=1, keepdim=True) * 0.1
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(ddp(x), y)
+    loss.backward()
+    optimizer.step()
+    scheduler.step()
+    return loss
+
+
+def train_plain(args, ddp, optimizer, scheduler, rank):
+    """The same loop without trainsup, for the overhead benchmark."""
+    import time
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        train_step(ddp, optimizer, scheduler, rank, step)
+    if rank == 0:
+        print(f"step_time_s={(time.perf_counter() - t0) / args.steps:.6f}", flush=True)
+    dist.destroy_process_group()
 
 
 def main():
@@ -28,17 +52,24 @@ def main():
     p.add_argument("--crash-at-step", type=int, default=-1, help="fault injection: SIGKILL itself after step N")
     p.add_argument("--stall-at-step", type=int, default=-1, help="fault injection: sleep forever in step N")
     p.add_argument("--out", default=None, help="rank 0 writes the final parameters here (torch.save)")
+    p.add_argument("--plain", action="store_true", help="no trainsup at all (the benchmark's baseline)")
+    p.add_argument("--hidden", type=int, default=64)
     args = p.parse_args()
 
-    dist.init_process_group("gloo")
+    if args.plain:
+        dist.init_process_group("gloo")
+    else:
+        trainsup.init_process_group("gloo")  # gloo, with every collective tracked
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial parameters on every rank
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(32, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 1))
     ddp = DDP(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=50, gamma=0.5)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "next_step": 0}
 
+    if args.plain:
+        return train_plain(args, ddp, optimizer, scheduler, rank)
     settings = {}
     if args.checkpoint_every is not None:
         settings["checkpoint_every_steps"] = args.checkpoint_every
@@ -47,6 +78,7 @@ def main():
         start = state["next_step"]
         if start:
             sup.log(f"resumed at step {start}")
+        t0 = time.perf_counter()
         for step in range(start, args.steps):
             if sup.stop_requested:
                 sup.checkpoint(step - 1, state)  # preemption: save where we are
@@ -54,17 +86,9 @@ def main():
                 sup.close()
                 sys.exit(trainsup.EXIT_STOP_REQUESTED)
             with sup.step(step):
-                g = torch.Generator().manual_seed(1_000_003 * rank + step)
-                x = torch.randn(64, 32, generator=g)
-                y = x.sum(dim=1, keepdim=True) * 0.1
-                optimizer.zero_grad()
-                loss = torch.nn.functional.mse_loss(ddp(x), y)
-                loss.backward()
-                optimizer.step()
-                scheduler.step()
+                loss = train_step(ddp, optimizer, scheduler, rank, step)
                 if step == args.stall_at_step:
                     sup.event("fault_injected", kind="stall_sleep", step=step)
-                    import time
                     time.sleep(3600)
             state["next_step"] = step + 1
             sup.maybe_checkpoint(step, state)
@@ -73,6 +97,8 @@ def main():
                 os.kill(os.getpid(), signal.SIGKILL)
             if step % 50 == 0:
                 sup.log(f"step {step} loss {loss.item():.5f}")
+        if rank == 0:
+            print(f"step_time_s={(time.perf_counter() - t0) / max(1, args.steps - start):.6f}", flush=True)
         if rank == 0 and args.out:
             torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
     dist.destroy_process_group()

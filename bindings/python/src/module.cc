@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "trainsup/checkpointer.h"
+#include "trainsup/collective_tracker.h"
 #include "trainsup/exit_codes.h"
 #include "trainsup/supervisor.h"
 #include "trainsup/version.h"
@@ -285,6 +286,35 @@ PYBIND11_MODULE(_trainsup, m) {
     return PyShard(raw, std::move(*r));
   });
   m.def("checkpoint_dir_name", &checkpointDirName);
+  m.def("collective_stats", [] {
+    auto st = CollectiveTracker::global().stats();
+    py::dict d, count, bytes;
+    for (int i = 0; i < kCollectiveOpCount; ++i) {
+      const char* name = collectiveOpName(static_cast<CollectiveOp>(i));
+      count[name] = st.count[i];
+      bytes[name] = st.bytes[i];
+    }
+    d["count"] = count;
+    d["bytes"] = bytes;
+    d["issued"] = st.issued;
+    d["completed"] = st.completed;
+    d["failed"] = st.failed;
+    return d;
+  });
+  m.def("recent_collectives", [](size_t n) {
+    py::list out;
+    for (const auto& r : CollectiveTracker::global().recent(n)) {
+      py::dict d;
+      d["seq"] = r.seq;
+      d["op"] = collectiveOpName(r.op);
+      d["bytes"] = r.bytes;
+      d["enter_ns"] = r.enter_ns;
+      d["exit_ns"] = r.exit_ns;
+      d["ok"] = r.ok;
+      out.append(d);
+    }
+    return out;
+  }, py::arg("n") = 100);
   m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
 
   py::class_<Supervisor>(m, "Supervisor")

@@ -15,6 +15,7 @@ host-attributed logs, the event log, and asynchronous verified checkpoints.
 """
 from . import _trainsup
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint
+from .distributed import collective_stats, init_process_group, recent_collectives
 from ._trainsup import (EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,
                         EXIT_WATCHDOG_UNRESPONSIVE)
 

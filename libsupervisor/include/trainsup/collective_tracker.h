@@ -1,0 +1,64 @@
+// trainsup/collective_tracker.h — every collective of this rank: sequence number, op, bytes,
+// enter and exit time (the raw material of hang and straggler detection, issue #5).
+//
+// Contract: one process-wide tracker (CollectiveTracker::global()). The torch layer's process
+// group wrapper calls begin() when a collective is issued — from the training thread or from
+// DDP's autograd hooks — and end() when its work completes (from a c10d callback thread).
+// Thread-safe; each call is a short critical section (tens of ns) on a fixed-size ring of the
+// last kCapacity records, like PyTorch's flight recorder: memory is bounded, old records are
+// overwritten, counters are exact. Times are CLOCK_MONOTONIC (Clock::real()).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "trainsup/clock.h"
+#include "trainsup/export.h"
+
+namespace trainsup {
+
+enum class CollectiveOp : uint8_t {
+  kAllreduce, kBroadcast, kReduce, kAllgather, kGather, kScatter, kReduceScatter, kAlltoall,
+  kBarrier, kSend, kRecv, kOther,
+};
+inline constexpr int kCollectiveOpCount = 12;
+TRAINSUP_EXPORT const char* collectiveOpName(CollectiveOp op);
+
+struct CollectiveRecord {
+  uint64_t seq = 0;  // 1, 2, 3, ... in issue order on this rank
+  CollectiveOp op = CollectiveOp::kOther;
+  uint64_t bytes = 0;
+  int64_t enter_ns = 0;
+  int64_t exit_ns = 0;  // 0 while pending
+  bool ok = true;
+};
+
+class TRAINSUP_EXPORT CollectiveTracker {
+ public:
+  static constexpr size_t kCapacity = 4096;
+  static CollectiveTracker& global();
+
+  uint64_t begin(CollectiveOp op, uint64_t bytes);
+  void end(uint64_t seq, bool ok);
+
+  struct Stats {
+    std::array<uint64_t, kCollectiveOpCount> count{};  // issued, by op
+    std::array<uint64_t, kCollectiveOpCount> bytes{};
+    uint64_t issued = 0, completed = 0, failed = 0;
+    uint64_t last_seq = 0;
+  };
+  Stats stats() const;
+  // The newest `n` records (or fewer), oldest first.
+  std::vector<CollectiveRecord> recent(size_t n) const;
+  void reset();  // tests
+
+ private:
+  mutable std::mutex mu_;
+  std::array<CollectiveRecord, kCapacity> ring_;  // guarded by mu_; slot = seq % kCapacity
+  Stats stats_;                                   // guarded by mu_
+};
+
+}  // namespace trainsup
