@@ -100,7 +100,8 @@ def main():
         if rank == 0:
             print(f"step_time_s={(time.perf_counter() - t0) / max(1, args.steps - start):.6f}", flush=True)
         if rank == 0 and args.out:
-            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict()}, args.out)
     dist.destroy_process_group()
 
 

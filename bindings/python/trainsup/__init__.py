@@ -13,6 +13,9 @@ host-attributed logs, the event log, and asynchronous verified checkpoints.
                 train_one_step()
             sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
 """
+import atexit
+import weakref
+
 from . import _trainsup
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint
 from .distributed import collective_stats, init_process_group, recent_collectives
@@ -60,6 +63,7 @@ class Supervisor:
                             f"known: {sorted(_SETTINGS)}")
         overrides = {_SETTINGS[k]: _as_text(k, v) for k, v in settings.items()}
         self._sup = _trainsup.Supervisor(overrides)
+        _live.add(self)
         self._include_rng = include_rng
         self._checkpoints = False
 
@@ -142,7 +146,9 @@ class Supervisor:
         return self._sup.event_log
 
     def close(self):
+        """Stops the watchdog, waits for a pending checkpoint persist, flushes the logs. Idempotent."""
         self._sup.close()
+        _live.discard(self)
 
     def __enter__(self):
         return self
@@ -150,3 +156,14 @@ class Supervisor:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+# Supervisors still open at exit are closed while the interpreter is intact, so that no thread
+# is joined (and no pending persist waited for) during interpreter shutdown.
+_live = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for sup in list(_live):
+        sup.close()
