@@ -1,5 +1,7 @@
 #include "trainsup/event_log.h"
 
+#include "../test_util.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -13,12 +15,9 @@ namespace trainsup {
 namespace {
 
 std::string tempDir() {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("trainsup_test_" + std::to_string(getpid()) + "_" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
+  std::string dir = testing::tempDir("trainsup_test");
   std::filesystem::create_directories(dir);
-  return dir.string();
+  return dir;
 }
 
 std::vector<nlohmann::json> readLines(const std::string& path) {

@@ -2,6 +2,8 @@
 // The exit hook replaces _exit() so the test can see the code instead of dying.
 #include "trainsup/supervisor.h"
 
+#include "../test_util.h"
+
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -20,20 +22,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-std::string tempDir() {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("trainsup_sup_" + std::to_string(getpid()) + "_" +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string tempDir() { return testing::tempDir("trainsup_sup"); }
+using testing::slurp;
 
 // Complete lines only: a test may read while the watchdog is writing the last one.
 std::vector<nlohmann::json> events(const std::string& path) {

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "../test_util.h"
 #include "subprocess.h"
 #include "trainsup/checkpoint_format.h"
 #include "trainsup/exit_codes.h"
@@ -22,18 +23,8 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-std::string tempDir(const std::string& tag) {
-  auto dir = std::filesystem::temp_directory_path() / ("trainsup_example_" + std::to_string(getpid()) + "_" + tag);
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string tempDir(const std::string& tag) { return testing::tempDir("trainsup_example", tag); }
+using testing::slurp;
 
 class ExampleStallTest : public ::testing::TestWithParam<std::string> {};
 

@@ -131,6 +131,7 @@ class TRAINSUP_EXPORT Supervisor {
   struct Impl;
   explicit Supervisor(std::unique_ptr<Impl> impl);
   void exitSection();
+  Result<Checkpointer::Outcome> saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now);
   std::unique_ptr<Impl> impl_;
 };
 

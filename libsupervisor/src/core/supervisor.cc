@@ -435,27 +435,24 @@ Status needCheckpointer(const std::unique_ptr<Checkpointer>& c) {
 }  // namespace
 
 Result<Checkpointer::Outcome> Supervisor::maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect) {
-  if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
-  if (Status s = impl_->checkpointer->takeError(); !s.isOk()) return s;
-  auto scope = section(kCheckpointSectionName);
-  ProgressTracker& p = *impl_->progress;
-  return impl_->checkpointer->maybeSave(step, [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {
-    Status s = collect(b, meta);
-    meta[kBudgetsKey] = encodeBudgets(p);
-    return s;
-  });
+  return saveCheckpoint(step, collect, /*now=*/false);
 }
 
 Result<Checkpointer::Outcome> Supervisor::checkpoint(int64_t step, const Checkpointer::Collect& collect) {
+  return saveCheckpoint(step, collect, /*now=*/true);
+}
+
+Result<Checkpointer::Outcome> Supervisor::saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now) {
   if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
   if (Status s = impl_->checkpointer->takeError(); !s.isOk()) return s;
   auto scope = section(kCheckpointSectionName);
   ProgressTracker& p = *impl_->progress;
-  return impl_->checkpointer->save(step, [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {
+  Checkpointer::Collect with_budgets = [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {
     Status s = collect(b, meta);
     meta[kBudgetsKey] = encodeBudgets(p);
     return s;
-  });
+  };
+  return now ? impl_->checkpointer->save(step, with_budgets) : impl_->checkpointer->maybeSave(step, with_budgets);
 }
 
 Result<std::optional<int64_t>> Supervisor::restore(const Checkpointer::Load& load) {
