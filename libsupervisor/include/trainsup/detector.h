@@ -1,0 +1,113 @@
+// trainsup/detector.h — names the hung or slow rank from the rhythm of the collectives.
+//
+// Pure logic (no threads, no network, no clock of its own): the job coordinator feeds it the
+// telemetry of every rank, stamped with the coordinator's clock on arrival, and calls
+// evaluate(now) periodically. It follows Alibaba's C4D:
+// - hung collective: collective `seq` was entered by some ranks and has not completed within
+//   its budget (a multiple of a high percentile of that op's past durations, with a floor and
+//   a warm-up allowance). Ranks that never entered it are the culprits; if every rank entered
+//   and it still did not complete, the fault is in communication: say so, name the ranks that
+//   did not complete.
+// - silent rank: no telemetry for heartbeat_timeout_s (SIGSTOP, a frozen host), or its
+//   connection closed (SIGKILL, a crash).
+// - stalled rank: the rank's own watchdog reported a section over its budget.
+// - straggler: no clock sync needed. In a synchronous collective the last rank to arrive waits
+//   least, so per collective lateness(r) = max wait - wait(r), waits measured on each rank's
+//   own clock. A rank that is the latest in most collectives of `straggler_windows` consecutive
+//   windows, by a margin above straggler_min_fraction of the job's median collective wait, is a
+//   straggler. A slowdown shared by all ranks shifts every wait alike and names nobody.
+// Each verdict is reported once. Not thread-safe: one caller (the coordinator's loop).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainsup/collective_tracker.h"
+#include "trainsup/export.h"
+
+namespace trainsup {
+
+struct RankInfo {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  std::string gpu;  // "index:uuid" where known
+};
+
+struct DetectorOptions {
+  double hang_floor_s = 5.0;          // no collective budget is below this
+  double hang_multiplier = 10.0;      // budget = multiplier x p99 of the op's recent durations
+  int warmup_collectives = 20;        // per op kind, before learned budgets apply
+  double warmup_budget_s = 120.0;     // budget during the warm-up
+  double heartbeat_timeout_s = 5.0;   // telemetry silence that makes a rank "silent"
+  int straggler_window = 50;          // completed collectives per window
+  int straggler_windows = 3;          // consecutive windows a rank must be the latest in
+  double straggler_share = 0.6;       // ...in at least this share of the window's collectives
+  double straggler_min_fraction = 0.1;  // mean lateness >= this x the job's median wait
+};
+
+enum class VerdictKind { kHungRank, kCommunicationFault, kSilentRank, kDeadRank, kStalledRank, kStraggler };
+TRAINSUP_EXPORT const char* verdictKindName(VerdictKind kind);
+
+struct Verdict {
+  VerdictKind kind = VerdictKind::kHungRank;
+  std::vector<int> ranks;          // the culprits (or the participants, for a communication fault)
+  std::vector<std::string> hosts;  // their hosts, same order
+  uint64_t seq = 0;                // the collective, where one is involved
+  std::string op;
+  std::string evidence;            // human-readable: what was seen, against which budget
+};
+
+class TRAINSUP_EXPORT Detector {
+ public:
+  Detector(std::vector<RankInfo> ranks, DetectorOptions options = {});
+
+  void onEnter(int rank, uint64_t seq, CollectiveOp op, uint64_t bytes, int64_t now_ns);
+  // `wait_ns`: exit - enter on the rank's own clock.
+  void onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns);
+  void onHeartbeat(int rank, int64_t now_ns);
+  void onDisconnect(int rank, int64_t now_ns);
+  void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);
+
+  std::vector<Verdict> evaluate(int64_t now_ns);
+
+  // The budget of an op kind now, in ns, and whether it is learned.
+  int64_t budgetNs(CollectiveOp op, bool* learned = nullptr) const;
+
+ private:
+  struct Pending {
+    CollectiveOp op = CollectiveOp::kOther;
+    uint64_t bytes = 0;
+    int64_t first_enter_ns = 0;
+    std::vector<int64_t> wait_ns;  // -1: not exited
+    std::vector<bool> entered;
+    int entered_count = 0, exited_count = 0;
+    bool reported = false;
+  };
+  void complete(uint64_t seq, Pending& p);
+  Verdict make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq = 0,
+               const std::string& op = "") const;
+
+  const std::vector<RankInfo> ranks_;
+  const DetectorOptions options_;
+  const int world_;
+  std::map<uint64_t, Pending> pending_;  // open collectives by seq
+  std::vector<int64_t> last_seen_ns_;
+  std::vector<bool> silent_reported_, dead_, dead_reported_;
+  std::vector<Verdict> queued_;  // found between evaluate() calls, reported by the next one
+  // Learned budgets: recent max-over-ranks waits per op kind.
+  std::vector<std::deque<int64_t>> recent_waits_;
+  std::vector<int64_t> completed_by_op_;
+  // Straggler windows.
+  std::vector<int> latest_count_;
+  std::vector<double> lateness_sum_ns_;
+  std::vector<int64_t> window_waits_;
+  int window_fill_ = 0;
+  std::vector<int> streak_;
+  std::vector<bool> straggler_reported_;
+};
+
+}  // namespace trainsup

@@ -1,0 +1,235 @@
+#include "trainsup/detector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace trainsup {
+namespace {
+
+constexpr size_t kRecentWaits = 200;
+
+std::string fmtS(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
+std::string listRanks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+}  // namespace
+
+const char* verdictKindName(VerdictKind kind) {
+  switch (kind) {
+    case VerdictKind::kHungRank: return "hung_rank";
+    case VerdictKind::kCommunicationFault: return "communication_fault";
+    case VerdictKind::kSilentRank: return "silent_rank";
+    case VerdictKind::kDeadRank: return "dead_rank";
+    case VerdictKind::kStalledRank: return "stalled_rank";
+    case VerdictKind::kStraggler: return "straggler";
+  }
+  return "?";
+}
+
+Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
+    : ranks_(std::move(ranks)),
+      options_(options),
+      world_(static_cast<int>(ranks_.size())),
+      last_seen_ns_(world_, -1),
+      silent_reported_(world_, false),
+      dead_(world_, false),
+      dead_reported_(world_, false),
+      recent_waits_(kCollectiveOpCount),
+      completed_by_op_(kCollectiveOpCount, 0),
+      latest_count_(world_, 0),
+      lateness_sum_ns_(world_, 0),
+      streak_(world_, 0),
+      straggler_reported_(world_, false) {}
+
+Verdict Detector::make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq,
+                       const std::string& op) const {
+  Verdict v;
+  v.kind = kind;
+  for (int r : ranks) {
+    std::string host = r >= 0 && r < world_ ? ranks_[r].host : "?";
+    v.hosts.push_back(host);
+  }
+  v.ranks = std::move(ranks);
+  v.seq = seq;
+  v.op = op;
+  v.evidence = std::move(evidence);
+  return v;
+}
+
+void Detector::onHeartbeat(int rank, int64_t now_ns) {
+  if (rank < 0 || rank >= world_) return;
+  last_seen_ns_[rank] = now_ns;
+  silent_reported_[rank] = false;
+}
+
+void Detector::onDisconnect(int rank, int64_t now_ns) {
+  if (rank < 0 || rank >= world_) return;
+  dead_[rank] = true;
+  last_seen_ns_[rank] = now_ns;
+}
+
+void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
+  if (rank < 0 || rank >= world_) return;
+  onHeartbeat(rank, now_ns);
+  queued_.push_back(make(VerdictKind::kStalledRank, {rank},
+                         "rank " + std::to_string(rank) + " reports section '" + section + "' (step " +
+                             std::to_string(step) + ") over its budget, outside any collective"));
+}
+
+void Detector::onEnter(int rank, uint64_t seq, CollectiveOp op, uint64_t bytes, int64_t now_ns) {
+  if (rank < 0 || rank >= world_) return;
+  onHeartbeat(rank, now_ns);
+  Pending& p = pending_[seq];
+  if (p.entered.empty()) {
+    p.op = op;
+    p.bytes = bytes;
+    p.first_enter_ns = now_ns;
+    p.entered.assign(world_, false);
+    p.wait_ns.assign(world_, -1);
+  }
+  if (!p.entered[rank]) {
+    p.entered[rank] = true;
+    ++p.entered_count;
+  }
+}
+
+void Detector::onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns) {
+  if (rank < 0 || rank >= world_) return;
+  onHeartbeat(rank, now_ns);
+  auto it = pending_.find(seq);
+  if (it == pending_.end()) return;
+  Pending& p = it->second;
+  if (p.wait_ns[rank] < 0) {
+    p.wait_ns[rank] = std::max<int64_t>(0, wait_ns);
+    ++p.exited_count;
+  }
+  if (p.exited_count == world_) {
+    complete(seq, p);
+    pending_.erase(it);
+  }
+}
+
+// A collective every rank finished: learn its duration, and score lateness for stragglers.
+void Detector::complete(uint64_t, Pending& p) {
+  const auto op = static_cast<size_t>(p.op);
+  int64_t max_wait = *std::max_element(p.wait_ns.begin(), p.wait_ns.end());
+  auto& recent = recent_waits_[op];
+  recent.push_back(max_wait);
+  if (recent.size() > kRecentWaits) recent.pop_front();
+  ++completed_by_op_[op];
+
+  int latest = 0;
+  for (int r = 0; r < world_; ++r) {
+    int64_t lateness = max_wait - p.wait_ns[r];
+    lateness_sum_ns_[r] += static_cast<double>(lateness);
+    if (p.wait_ns[r] < p.wait_ns[latest]) latest = r;
+  }
+  ++latest_count_[latest];
+  window_waits_.push_back(max_wait);
+  if (++window_fill_ < options_.straggler_window) return;
+
+  // Close the window.
+  std::vector<int64_t> waits = window_waits_;
+  std::nth_element(waits.begin(), waits.begin() + waits.size() / 2, waits.end());
+  const double median_wait = static_cast<double>(waits[waits.size() / 2]);
+  for (int r = 0; r < world_; ++r) {
+    double share = static_cast<double>(latest_count_[r]) / window_fill_;
+    double mean_lateness = lateness_sum_ns_[r] / window_fill_;
+    bool late = world_ > 1 && share >= options_.straggler_share &&
+                mean_lateness >= options_.straggler_min_fraction * std::max(median_wait, 1e6);
+    streak_[r] = late ? streak_[r] + 1 : 0;
+    if (late && streak_[r] >= options_.straggler_windows && !straggler_reported_[r]) {
+      straggler_reported_[r] = true;
+      char buf[256];
+      std::snprintf(buf, sizeof(buf),
+                    "rank %d arrived last in %.0f%% of the last %d collectives for %d windows; mean lateness %.1f ms "
+                    "(the job's median collective wait is %.1f ms)",
+                    r, share * 100, window_fill_, streak_[r], mean_lateness / 1e6, median_wait / 1e6);
+      queued_.push_back(make(VerdictKind::kStraggler, {r}, buf));
+    }
+  }
+  std::fill(latest_count_.begin(), latest_count_.end(), 0);
+  std::fill(lateness_sum_ns_.begin(), lateness_sum_ns_.end(), 0.0);
+  window_waits_.clear();
+  window_fill_ = 0;
+}
+
+int64_t Detector::budgetNs(CollectiveOp op, bool* learned) const {
+  const auto i = static_cast<size_t>(op);
+  const int64_t floor_ns = static_cast<int64_t>(options_.hang_floor_s * 1e9);
+  if (completed_by_op_[i] < options_.warmup_collectives) {
+    if (learned != nullptr) *learned = false;
+    return std::max(floor_ns, static_cast<int64_t>(options_.warmup_budget_s * 1e9));
+  }
+  std::vector<int64_t> w(recent_waits_[i].begin(), recent_waits_[i].end());
+  size_t k = std::min(w.size() - 1, static_cast<size_t>(std::ceil(0.99 * static_cast<double>(w.size()))) - 1);
+  std::nth_element(w.begin(), w.begin() + k, w.end());
+  if (learned != nullptr) *learned = true;
+  return std::max(floor_ns, static_cast<int64_t>(options_.hang_multiplier * static_cast<double>(w[k])));
+}
+
+std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
+  std::vector<Verdict> out;
+  // Crashed ranks (connection gone) first: they explain everything after.
+  for (int r = 0; r < world_; ++r) {
+    if (dead_[r] && !dead_reported_[r]) {
+      dead_reported_[r] = true;
+      out.push_back(make(VerdictKind::kDeadRank, {r}, "rank " + std::to_string(r) + "'s telemetry connection closed"));
+    }
+  }
+  // Silent ranks.
+  const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
+  for (int r = 0; r < world_; ++r) {
+    if (dead_[r] || silent_reported_[r] || last_seen_ns_[r] < 0) continue;
+    if (now_ns - last_seen_ns_[r] > silence) {
+      silent_reported_[r] = true;
+      out.push_back(make(VerdictKind::kSilentRank, {r},
+                         "no telemetry from rank " + std::to_string(r) + " for " + fmtS(now_ns - last_seen_ns_[r]) +
+                             " (timeout " + fmtS(silence) + ")"));
+    }
+  }
+  // Own-watchdog reports and straggler findings, as they came.
+  for (auto& v : queued_) out.push_back(std::move(v));
+  queued_.clear();
+  // Hung collectives: the oldest open one over its budget.
+  for (auto& [seq, p] : pending_) {
+    if (p.reported) continue;
+    bool learned = false;
+    int64_t budget = budgetNs(p.op, &learned);
+    int64_t open_for = now_ns - p.first_enter_ns;
+    if (open_for <= budget) continue;
+    p.reported = true;
+    std::string what = std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " (" +
+                       std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) + ", budget " + fmtS(budget) +
+                       (learned ? " (learned)" : " (warm-up)");
+    std::vector<int> missing, unfinished;
+    for (int r = 0; r < world_; ++r) {
+      if (!p.entered[r]) missing.push_back(r);
+      else if (p.wait_ns[r] < 0) unfinished.push_back(r);
+    }
+    if (!missing.empty()) {
+      out.push_back(make(VerdictKind::kHungRank, missing,
+                         what + ": rank(s) " + listRanks(missing) + " never entered it; " +
+                             std::to_string(p.entered_count) + " of " + std::to_string(world_) + " did",
+                         seq, collectiveOpName(p.op)));
+    } else {
+      out.push_back(make(VerdictKind::kCommunicationFault, unfinished,
+                         what + ": every rank entered it, rank(s) " + listRanks(unfinished) +
+                             " did not complete: the fault is in communication between them",
+                         seq, collectiveOpName(p.op)));
+    }
+    break;  // later collectives are stuck behind this one
+  }
+  return out;
+}
+
+}  // namespace trainsup

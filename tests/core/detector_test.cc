@@ -1,0 +1,153 @@
+// The detector on synthetic telemetry from 4 ranks on 4 hosts; time is a number, not a clock.
+#include "trainsup/detector.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace trainsup {
+namespace {
+
+constexpr int64_t kMs = 1'000'000;
+constexpr int64_t kS = 1'000'000'000;
+
+std::vector<RankInfo> fourRanks() {
+  std::vector<RankInfo> r;
+  for (int i = 0; i < 4; ++i) r.push_back({i, 0, "host-" + std::string(1, static_cast<char>('a' + i)), ""});
+  return r;
+}
+
+// Simulates synchronous steps: each rank computes for compute_ns[r], then all-reduces; the
+// collective ends when the last rank arrives, so wait(r) = last arrival - arrival(r) + comm.
+struct Job {
+  Detector det;
+  int64_t now = 0;
+  uint64_t seq = 0;
+  explicit Job(DetectorOptions o = {}) : det(fourRanks(), o) {}
+  std::vector<Verdict> step(const std::vector<int64_t>& compute_ns, int64_t comm_ns = 2 * kMs) {
+    ++seq;
+    int64_t start = now;
+    int64_t last = 0;
+    for (int r = 0; r < 4; ++r) last = std::max(last, compute_ns[r]);
+    for (int r = 0; r < 4; ++r) det.onEnter(r, seq, CollectiveOp::kAllreduce, 4096, start + compute_ns[r]);
+    for (int r = 0; r < 4; ++r) det.onExit(r, seq, last - compute_ns[r] + comm_ns, start + last + comm_ns);
+    now = start + last + comm_ns;
+    return det.evaluate(now);
+  }
+};
+
+std::vector<int64_t> even(int64_t ns) { return {ns, ns, ns, ns}; }
+
+TEST(DetectorTest, RankThatNeverEntersIsNamedWithItsHostAfterTheBudget) {
+  Job job;
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(job.step(even(100 * kMs)).empty());
+  bool learned = false;
+  int64_t budget = job.det.budgetNs(CollectiveOp::kAllreduce, &learned);
+  EXPECT_TRUE(learned);
+  EXPECT_EQ(budget, 5 * kS);  // floor: 10 x 2 ms is far below it
+  // Ranks 0, 1, 3 enter collective 41; rank 2 never does (and keeps sending heartbeats).
+  for (int r : {0, 1, 3}) job.det.onEnter(r, 41, CollectiveOp::kAllreduce, 4096, job.now + 100 * kMs);
+  // Heartbeats come from each rank's telemetry thread, so they go on while a rank waits in
+  // the collective (and while rank 2 is stuck elsewhere).
+  auto beat = [&](int64_t t) {
+    for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t);
+  };
+  for (int64_t t = job.now; t < job.now + 5 * kS; t += 500 * kMs) {
+    beat(t);
+    EXPECT_TRUE(job.det.evaluate(t).empty()) << "before the budget";
+  }
+  beat(job.now + 5200 * kMs);
+  auto v = job.det.evaluate(job.now + 5200 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kHungRank);
+  EXPECT_EQ(v[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-c"});
+  EXPECT_EQ(v[0].seq, 41u);
+  EXPECT_NE(v[0].evidence.find("never entered"), std::string::npos) << v[0].evidence;
+  EXPECT_TRUE(job.det.evaluate(job.now + 6 * kS).empty()) << "reported once";
+}
+
+TEST(DetectorTest, AllEnteredNoneCompletedIsACommunicationFault) {
+  Job job;
+  for (int i = 0; i < 30; ++i) job.step(even(50 * kMs));
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, 31, CollectiveOp::kAllreduce, 4096, job.now);
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 5 * kS);
+  auto v = job.det.evaluate(job.now + 5100 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kCommunicationFault);
+  EXPECT_EQ(v[0].ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_NE(v[0].evidence.find("communication"), std::string::npos);
+}
+
+TEST(DetectorTest, SilentAndDeadRanks) {
+  Job job;
+  for (int i = 0; i < 5; ++i) job.step(even(10 * kMs));
+  int64_t t0 = job.now;
+  for (int r : {0, 1, 2}) job.det.onHeartbeat(r, t0 + 4 * kS);
+  EXPECT_TRUE(job.det.evaluate(t0 + 4 * kS).empty());
+  for (int r : {0, 1, 2}) job.det.onHeartbeat(r, t0 + 5100 * kMs);
+  auto v = job.det.evaluate(t0 + 5100 * kMs);  // rank 3 silent for 5.1 s (SIGSTOP)
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-d"});
+  job.det.onDisconnect(1, t0 + 5200 * kMs);  // SIGKILL: the connection closes, named at once
+  for (int r : {0, 2}) job.det.onHeartbeat(r, t0 + 5200 * kMs);
+  v = job.det.evaluate(t0 + 5200 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kDeadRank);
+  EXPECT_EQ(v[0].ranks, std::vector<int>{1});
+}
+
+TEST(DetectorTest, OwnWatchdogReportNamesTheSection) {
+  Job job;
+  job.det.onRankStalled(2, "data", 17, 0);
+  auto v = job.det.evaluate(1);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kStalledRank);
+  EXPECT_NE(v[0].evidence.find("'data' (step 17)"), std::string::npos);
+}
+
+TEST(DetectorTest, LearnedBudgetsLetASlowButHealthyOpPass) {
+  Job job;
+  // All-reduces that legitimately take 2 s (big buckets on a slow network).
+  for (int i = 0; i < 30; ++i) ASSERT_TRUE(job.step(even(10 * kMs), 2 * kS).empty());
+  EXPECT_EQ(job.det.budgetNs(CollectiveOp::kAllreduce), 20 * kS);
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, 31, CollectiveOp::kAllreduce, 4096, job.now);
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 6 * kS);
+  EXPECT_TRUE(job.det.evaluate(job.now + 6 * kS).empty());
+}
+
+TEST(DetectorTest, APersistentlySlowRankIsAStraggler) {
+  Job job;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> jitter(0.95, 1.05);
+  std::vector<Verdict> found;
+  int steps = 0;
+  while (found.empty() && steps < 1000) {
+    std::vector<int64_t> c(4);
+    for (int r = 0; r < 4; ++r) c[r] = static_cast<int64_t>(100 * kMs * jitter(rng) * (r == 1 ? 1.5 : 1.0));
+    found = job.step(c);
+    ++steps;
+  }
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, VerdictKind::kStraggler);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{1});
+  EXPECT_EQ(found[0].hosts, std::vector<std::string>{"host-b"});
+  EXPECT_EQ(steps, 150) << "three windows of 50";
+}
+
+TEST(DetectorTest, NoVerdictWhenAllSlowDownTogetherOrUnderThirtyPercentJitter) {
+  Job job;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> jitter(0.7, 1.3);
+  for (int i = 0; i < 2000; ++i) {
+    double load = i < 1000 ? 1.0 : 2.5;  // the whole job slows down (load variation)
+    std::vector<int64_t> c(4);
+    for (int r = 0; r < 4; ++r) c[r] = static_cast<int64_t>(100 * kMs * load * jitter(rng));
+    auto v = job.step(c);
+    ASSERT_TRUE(v.empty()) << "step " << i << ": " << verdictKindName(v[0].kind) << " " << v[0].evidence;
+  }
+}
+
+}  // namespace
+}  // namespace trainsup
