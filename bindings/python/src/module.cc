@@ -164,7 +164,20 @@ py::dict manifestDict(const Manifest& m) {
 }
 
 // Settings given as TRAINSUP_*/torchrun variable names take precedence over the environment.
-std::unique_ptr<Supervisor> create(std::map<std::string, std::string> overrides) {
+// Destroying a Supervisor joins its threads, and the checkpoint writer may need the GIL to
+// finish a commit through the Python store channel: never hold the GIL while deleting.
+struct ReleaseGilDelete {
+  void operator()(Supervisor* s) const {
+    if (PyGILState_Check()) {
+      py::gil_scoped_release release;
+      delete s;
+    } else {
+      delete s;
+    }
+  }
+};
+
+std::unique_ptr<Supervisor, ReleaseGilDelete> create(std::map<std::string, std::string> overrides) {
   Environment process = Environment::process();
   Environment env([&](const std::string& name) -> std::optional<std::string> {
     auto it = overrides.find(name);
@@ -176,7 +189,7 @@ std::unique_ptr<Supervisor> create(std::map<std::string, std::string> overrides)
   auto sup = Supervisor::create(*config);
   if (!sup) throw std::runtime_error(sup.status().toString());
   (*sup)->addStackDumpHook("python", dumpPythonStacks);
-  return std::move(*sup);
+  return std::unique_ptr<Supervisor, ReleaseGilDelete>(sup->release());
 }
 
 std::string outcomeName(Checkpointer::Outcome o) {
@@ -233,11 +246,15 @@ std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
       load(PyShard(&shard), manifestDict(m));
       return Status::ok();
     } catch (py::error_already_set& e) {
-      // A state that does not match the checkpoint is the caller's error: stop, do not fall back.
-      if (e.matches(PyExc_KeyError) || e.matches(PyExc_ValueError) || e.matches(PyExc_TypeError)) {
-        return Status::invalidArgument(e.what());
+      // Only trainsup's own read errors (checksums, short files) mean "this checkpoint is bad,
+      // try an older one". Anything else — the state does not match, out of memory, a bug in a
+      // load_state_dict — stops the restore on every rank instead of silently falling back.
+      std::string what = e.what();
+      if (e.matches(PyExc_RuntimeError) && (what.find("Corruption:") != std::string::npos ||
+                                            what.find("IoError:") != std::string::npos)) {
+        return Status::corruption(what);
       }
-      return Status::corruption(e.what());
+      return Status::invalidArgument(what);
     }
   };
   Result<std::optional<int64_t>> r = Status::internal("unset");
@@ -317,7 +334,7 @@ PYBIND11_MODULE(_trainsup, m) {
   }, py::arg("n") = 100);
   m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
 
-  py::class_<Supervisor>(m, "Supervisor")
+  py::class_<Supervisor, std::unique_ptr<Supervisor, ReleaseGilDelete>>(m, "Supervisor")
       .def(py::init(&create), py::arg("overrides"))
       .def("step", [](Supervisor& s, int64_t n) { return PyScope(&s, n, ""); }, py::keep_alive<0, 1>())
       .def("section", [](Supervisor& s, std::string name) { return PyScope(&s, std::nullopt, std::move(name)); },

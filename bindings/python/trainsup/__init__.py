@@ -5,12 +5,13 @@ rank stuck in Python, in C, or holding the GIL, and dumps native and Python stac
 host-attributed logs, the event log, and asynchronous verified checkpoints.
 
     import trainsup
-    state = {"model": model, "optimizer": optimizer, "epoch": 0}
+    state = {"model": model, "optimizer": optimizer, "next_step": 0}
     with trainsup.Supervisor(section_budgets={"step": 30}) as sup:
-        start = sup.restore(state)            # newest valid checkpoint's step, 0 if none
-        for step in range(start, steps):
+        sup.restore(state)                     # newest valid checkpoint (returns its step)
+        for step in range(state["next_step"], steps):
             with sup.step(step):
                 train_one_step()
+            state["next_step"] = step + 1
             sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
 """
 import atexit
@@ -105,7 +106,10 @@ class Supervisor:
     def restore(self, state):
         """Loads the newest checkpoint that verifies on every rank into `state` (in place: modules,
         optimizers and schedulers through load_state_dict, other values replaced) and returns its
-        step, or 0 when there is none. A state that does not match the checkpoint raises ValueError."""
+        step, or 0 when there is none. The step was completed before it was saved: resume at the
+        next one (keep it in `state`, e.g. state["next_step"]). A state that does not match the
+        checkpoint, or any error of a load_state_dict, raises ValueError and stops the restore on
+        every rank; an unreadable or corrupt checkpoint is skipped for the next older one."""
         self._ensure_checkpoints()
         from .checkpoint import load_into
         step = self._sup.restore(lambda shard, manifest: load_into(state, shard))

@@ -92,7 +92,6 @@ def collect(state, include_rng=True):
         skeleton[RNG_KEY] = ("rng", _flatten(RNG_KEY, _rng_state(), tensors))
     buffers = []
     keep = []
-    cuda_seen = False
     for name, t in tensors:
         t = t.detach()
         if t.dtype not in _TO_NAME:
@@ -101,12 +100,13 @@ def collect(state, include_rng=True):
             t = t.contiguous()
         if t.device.type not in ("cpu", "cuda"):
             t = t.cpu()
-        cuda_seen |= t.device.type == "cuda"
         keep.append(t)
         buffers.append((name, _TO_NAME[t.dtype], list(t.shape), t.data_ptr(), t.numel() * t.element_size(),
                         t.device.index if t.device.type == "cuda" else -1))
-    if cuda_seen:
-        torch.cuda.synchronize()  # the copy runs on the default stream; pending kernels first
+    # The copy runs as a plain cudaMemcpy: every kernel writing these tensors, on any stream of
+    # any device, must be done first.
+    for device in sorted({t.device.index for t in keep if t.device.type == "cuda"}):
+        torch.cuda.synchronize(device)
     blob = torch.frombuffer(bytearray(pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
     keep.append(blob)
     buffers.append((SKELETON, "bytes", [blob.numel()], blob.data_ptr(), blob.numel(), -1))
@@ -172,8 +172,33 @@ class PyStoreChannel:
         self._store.set(key, value)
 
     def get(self, key, timeout_s):
+        # Polls with check() rather than wait(): a TCPStore client holds its connection's lock
+        # for the whole of a wait(), which would block this process's other thread (the writer
+        # waits for commits while the training thread reads decisions) and deadlock across ranks.
+        # Stores without check() in Python (torch 1.13) get short wait()s instead, so that the
+        # lock is never held for more than 50 ms at a time.
         import datetime
-        self._store.wait([key], datetime.timedelta(seconds=timeout_s))
+        import time
+        deadline = time.monotonic() + timeout_s
+        pause = 0.001
+        while True:
+            left = deadline - time.monotonic()
+            if hasattr(self._store, "check"):
+                if self._store.check([key]):
+                    break
+                if left <= 0:
+                    raise TimeoutError(f"store key {key!r} did not appear within {timeout_s:.1f} s")
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.05)
+            else:
+                try:
+                    self._store.wait([key], datetime.timedelta(seconds=max(0.001, min(0.05, left))))
+                    break
+                except RuntimeError as e:  # c10d reports a wait timeout as RuntimeError
+                    if "imeout" not in str(e) and "imed out" not in str(e):
+                        raise
+                    if left <= 0:
+                        raise TimeoutError(f"store key {key!r} did not appear within {timeout_s:.1f} s") from e
         return self._store.get(key).decode()
 
     def add(self, key, delta):

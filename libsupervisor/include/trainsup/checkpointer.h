@@ -63,7 +63,8 @@ class TRAINSUP_EXPORT Checkpointer {
   // and returns the buffers to copy (valid until it returns to save) and metadata.
   using Collect = std::function<Status(std::vector<BufferRef>& buffers, std::map<std::string, std::string>& metadata)>;
   Result<Outcome> maybeSave(int64_t step, const Collect& collect);
-  // Saves now (collective), subject to the busy policy. kNotDue if this step was just saved.
+  // Saves now (collective), subject to the busy policy. kNotDue for a step at or below the last
+  // one saved or restored (a committed checkpoint is never rewritten in place).
   Result<Outcome> save(int64_t step, const Collect& collect);
   // Waits until no persist is in flight; returns that persist's error if it failed.
   Status waitIdle(Nanos timeout);
@@ -97,13 +98,17 @@ class TRAINSUP_EXPORT Checkpointer {
   std::unique_ptr<Impl> impl_;
 };
 
-// What retention would keep and delete in `dir` (newest `keep` valid checkpoints are kept; the
-// newest valid one always). Exposed for tools and tests; Checkpointer applies it after commits.
+// What retention would keep and delete in `dir` after `committed_step` was committed: that one
+// always, then the newest valid ones up to `keep` in all; older valid ones and broken ones older
+// than the newest valid go; directories newer than `committed_step` are left alone. "Valid"
+// means a manifest whose shards are present with its sizes and index checksums. Exposed for
+// tools and tests; Checkpointer applies it after each commit.
 struct RetentionPlan {
   std::vector<int64_t> keep;
-  std::vector<int64_t> remove;  // valid ones past `keep`, and invalid ones older than the newest valid
+  std::vector<int64_t> remove;
 };
-TRAINSUP_EXPORT Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int keep);
+TRAINSUP_EXPORT Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int keep,
+                                                    int64_t committed_step);
 // Deletes one checkpoint directory: the manifest first (so a crash leaves it invalid, never
 // half-valid), then shards and temporaries, then the directory.
 TRAINSUP_EXPORT Status removeCheckpoint(FileSystem& fs, const std::string& step_dir);

@@ -32,7 +32,7 @@ struct CollectiveRecord {
   CollectiveOp op = CollectiveOp::kOther;
   uint64_t bytes = 0;
   int64_t enter_ns = 0;
-  int64_t exit_ns = 0;  // 0 while pending
+  int64_t exit_ns = 0;  // 0 while pending, -1 if its completion cannot be observed
   bool ok = true;
 };
 
@@ -43,11 +43,14 @@ class TRAINSUP_EXPORT CollectiveTracker {
 
   uint64_t begin(CollectiveOp op, uint64_t bytes);
   void end(uint64_t seq, bool ok);
+  // The collective's completion cannot be observed (a work without a future): its record gets
+  // exit_ns = -1, so that detection never mistakes it for a hang.
+  void untrack(uint64_t seq);
 
   struct Stats {
     std::array<uint64_t, kCollectiveOpCount> count{};  // issued, by op
     std::array<uint64_t, kCollectiveOpCount> bytes{};
-    uint64_t issued = 0, completed = 0, failed = 0;
+    uint64_t issued = 0, completed = 0, failed = 0, untracked = 0;
     uint64_t last_seq = 0;
   };
   Stats stats() const;

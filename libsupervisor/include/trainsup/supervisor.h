@@ -112,7 +112,8 @@ class TRAINSUP_EXPORT Supervisor {
   // Save if due / save now. The snapshot is timed as section "checkpoint". The learned section
   // budgets travel in the checkpoint's metadata ("trainsup.budgets"), so a restarted job starts
   // calibrated. A background persist failure of an earlier save is returned here once (and was
-  // logged and recorded when it happened). Requires checkpointer() to have succeeded.
+  // logged and recorded when it happened), after this call's own save was carried out, so that
+  // every rank takes the same decisions. Requires checkpointer() to have succeeded.
   Result<Checkpointer::Outcome> maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect);
   Result<Checkpointer::Outcome> checkpoint(int64_t step, const Checkpointer::Collect& collect);
   // Restores the newest valid checkpoint (timed as section "restore"); nullopt when none.
@@ -132,6 +133,7 @@ class TRAINSUP_EXPORT Supervisor {
   explicit Supervisor(std::unique_ptr<Impl> impl);
   void exitSection();
   Result<Checkpointer::Outcome> saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now);
+  Result<Checkpointer::Outcome> saveCheckpointNow(int64_t step, const Checkpointer::Collect& collect, bool now);
   std::unique_ptr<Impl> impl_;
 };
 

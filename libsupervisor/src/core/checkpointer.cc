@@ -22,6 +22,12 @@ constexpr double kDecisionSpacingS = 5.0;
 
 size_t alignUp(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// Time left until a real-clock deadline; at least 1 ms, because a zero timeout means "wait
+// forever" to some c10d stores.
+Nanos remaining(Nanos deadline) {
+  return std::max<Nanos>(deadline - Clock::real().monotonicNow(), std::chrono::milliseconds(1));
+}
+
 constexpr size_t kCopyPiece = size_t{16} << 20;
 
 // The stall is a memory copy; one core rarely saturates memory bandwidth, so large snapshots
@@ -73,7 +79,8 @@ struct Checkpointer::Impl {
   Nanos last_save_time{0};           // rank 0's clock: when the last checkpoint was taken
   Nanos last_decision_time{0};
   int64_t last_decision_step = -1;
-  int64_t last_snapshot_step = std::numeric_limits<int64_t>::min();
+  int64_t last_snapshot_step = std::numeric_limits<int64_t>::min();  // saved or restored
+  int64_t previous_save_seq = 0;  // writer thread (rank 0): whose keys to delete next
 
   // Staging memory: written by the training thread while no persist is in flight, then read
   // by the writer thread until the persist ends (handed over under mu).
@@ -124,10 +131,11 @@ struct Checkpointer::Impl {
   enum class Action { kNone, kSave, kSkip };
   Result<Action> decide(int64_t step, bool explicit_save);
   Result<Outcome> snapshot(int64_t step, int64_t seq, const Collect& collect);
+  Result<Outcome> snapshotOrReport(int64_t step, int64_t seq, const Collect& collect);
   void writerLoop();
   void persist(Job& job);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
-  void applyRetention();
+  void applyRetention(int64_t committed_step);
 };
 
 std::string Checkpointer::stepDir(int64_t step) const { return impl_->stepDir(step); }
@@ -176,8 +184,11 @@ Checkpointer::~Checkpointer() {
 Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool explicit_save) {
   const Nanos now = clock->monotonicNow();
   const bool multi = identity.world_size > 1;
+  // A step at or below the last one saved or restored is never saved again: that would
+  // rewrite a committed checkpoint in place (rank 0 decides this too, for everyone).
+  const bool already = step <= last_snapshot_step;
   if (!multi) {
-    if (!explicit_save && !localDue(step, now)) return Action::kNone;
+    if (already || (!explicit_save && !localDue(step, now))) return Action::kNone;
     return (isBusy() && options.busy_policy == BusyPolicy::kSkip) ? Action::kSkip : Action::kSave;
   }
   const int64_t seq = ++decision_seq;
@@ -185,7 +196,7 @@ Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool
   std::string value;
   if (identity.rank == 0) {
     Action a = Action::kNone;
-    if (explicit_save || localDue(step, now)) {
+    if (!already && (explicit_save || localDue(step, now))) {
       a = (isBusy() && options.busy_policy == BusyPolicy::kSkip) ? Action::kSkip : Action::kSave;
     }
     // Space the next decision point about kDecisionSpacingS apart (or a tenth of the interval).
@@ -233,13 +244,11 @@ Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collec
                                " skipped: the previous one is still persisting (busy policy 'skip')");
     return Outcome::kSkippedBusy;
   }
-  return m.snapshot(step, m.decision_seq, collect);
+  return m.snapshotOrReport(step, m.decision_seq, collect);
 }
 
 Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& collect) {
   Impl& m = *impl_;
-  // Saving the same step twice would rewrite a committed checkpoint in place.
-  if (step == m.last_snapshot_step) return Outcome::kNotDue;
   auto action = m.decide(step, /*explicit_save=*/true);
   if (!action) return action.status();
   if (*action == Impl::Action::kSkip) {
@@ -250,7 +259,18 @@ Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& co
     m.event("checkpoint_skipped_busy", {{"step", step}, {"policy", busyPolicyName(m.options.busy_policy)}});
     return Outcome::kSkippedBusy;
   }
-  return m.snapshot(step, m.decision_seq, collect);
+  return m.snapshotOrReport(step, m.decision_seq, collect);
+}
+
+// Every rank told to save must report, or rank 0 waits for the whole commit timeout.
+Result<Checkpointer::Outcome> Checkpointer::Impl::snapshotOrReport(int64_t step, int64_t seq, const Collect& collect) {
+  auto r = snapshot(step, seq, collect);
+  if (!r) {
+    channel->set(key_base + "/save/" + std::to_string(seq) + "/shard/" + std::to_string(identity.rank),
+                 "fail snapshot: " + r.status().message());
+    event("checkpoint_failed", {{"step", step}, {"dir", stepDir(step)}, {"reason", r.status().message()}});
+  }
+  return r;
 }
 
 Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t seq, const Collect& collect) {
@@ -339,7 +359,16 @@ void Checkpointer::Impl::writerLoop() {
       j = std::move(*job);
       job.reset();
     }
-    persist(j);
+    try {
+      persist(j);
+    } catch (const std::exception& e) {
+      // A bug or resource failure in one persist must not terminate the training process.
+      std::lock_guard<std::mutex> lock(mu);
+      ++stats.failed;
+      Status st = Status::internal(std::string("checkpoint persist: ") + e.what());
+      if (bg_error.isOk()) bg_error = st;
+      last_persist = st;
+    }
     {
       std::lock_guard<std::mutex> lock(mu);
       busy = false;
@@ -350,7 +379,8 @@ void Checkpointer::Impl::writerLoop() {
 
 void Checkpointer::Impl::persist(Job& j) {
   const Nanos start = clock->monotonicNow();
-  const Nanos deadline = start + commitTimeout();
+  // Waits on the channel happen in real time, whatever clock the statistics use.
+  const Nanos deadline = Clock::real().monotonicNow() + commitTimeout();
   const std::string dir = stepDir(j.step);
   const std::string prefix = key_base + "/save/" + std::to_string(j.seq);
   ShardInfo mine;
@@ -366,7 +396,7 @@ void Checkpointer::Impl::persist(Job& j) {
     Status c = commitAsRankZero(j, mine, prefix, deadline);
     if (result.isOk()) result = c;
   } else if (result.isOk()) {
-    auto got = channel->get(prefix + "/result", std::max(Nanos(0), deadline - clock->monotonicNow()));
+    auto got = channel->get(prefix + "/result", remaining(deadline));
     if (!got) {
       result = Status(got.status().code(), "waiting for rank 0 to commit: " + got.status().message());
     } else if (*got != "committed") {
@@ -392,7 +422,7 @@ void Checkpointer::Impl::persist(Job& j) {
                                    {"persist_s", persist_s},
                                    {"young_daly_interval_s", yd}});
     // Housekeeping after the commit is recorded: deleting old shards is not part of persisting.
-    if (identity.rank == 0) applyRetention();
+    if (identity.rank == 0) applyRetention(j.step);
     log(LogLevel::kInfo, "checkpoint step " + std::to_string(j.step) + " committed in " + dir + " (" +
                              std::to_string(j.bytes >> 20) + " MiB, stall " + std::to_string(j.stall_s) +
                              " s, persist " + std::to_string(persist_s) + " s" +
@@ -422,7 +452,7 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
   m.metadata = j.metadata;
   std::string failure;
   for (int r = 0; r < identity.world_size; ++r) {
-    auto got = channel->get(prefix + "/shard/" + std::to_string(r), std::max(Nanos(0), deadline - clock->monotonicNow()));
+    auto got = channel->get(prefix + "/shard/" + std::to_string(r), remaining(deadline));
     if (!got) {
       failure = "rank " + std::to_string(r) + " did not report its shard: " + got.status().message();
       break;
@@ -443,16 +473,17 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
   Status s = failure.empty() ? writeManifest(*fs, dir, m) : Status::ioError(failure);
   channel->set(prefix + "/result", s.isOk() ? "committed" : "failed: " + s.message());
   // Everyone has finished the previous save's keys by now (they reported this one).
-  if (j.seq > 1) {
-    const std::string old = key_base + "/save/" + std::to_string(j.seq - 1);
+  if (previous_save_seq > 0) {
+    const std::string old = key_base + "/save/" + std::to_string(previous_save_seq);
     for (int r = 0; r < identity.world_size; ++r) channel->remove(old + "/shard/" + std::to_string(r));
     channel->remove(old + "/result");
   }
+  previous_save_seq = j.seq;
   return s;
 }
 
-void Checkpointer::Impl::applyRetention() {
-  auto plan = planRetention(*fs, options.dir, options.keep);
+void Checkpointer::Impl::applyRetention(int64_t committed_step) {
+  auto plan = planRetention(*fs, options.dir, options.keep, committed_step);
   if (!plan) {
     log(LogLevel::kWarn, "checkpoint retention skipped: " + plan.status().message());
     return;
@@ -499,6 +530,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
   std::sort(steps.rbegin(), steps.rend());
   int world_mismatches = 0;
   int mismatch_world = 0;
+  int loads_attempted = 0;  // after one, the caller's state may be partly overwritten
   for (int64_t step : steps) {
     const std::string dir = m.stepDir(step);
     std::string file = joinPath(dir, kManifestName);
@@ -529,6 +561,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
       } else if ((*opened)->info().index_xxh3 != ms.xxh3) {
         st = Status::corruption("checksum mismatch: the shard's index differs from the manifest");
       } else {
+        ++loads_attempted;
         st = load(*manifest, **opened);
         // The model does not match the checkpoint: an older one will not match either, and
         // silently starting from scratch would lose the run. Stop, on every rank.
@@ -566,6 +599,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
       m.log(LogLevel::kInfo, "restored checkpoint step " + std::to_string(step) + " from " + dir + " in " +
                                  std::to_string(took) + " s");
       m.last_save_time = m.clock->monotonicNow();
+      m.last_snapshot_step = step;
       return std::optional<int64_t>(step);
     }
     if (fatal) {
@@ -576,6 +610,11 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     m.event("checkpoint_skipped", {{"step", step}, {"dir", dir}, {"file", file}, {"reason", reason}});
     m.log(LogLevel::kWarn, "skipping checkpoint " + dir + ": " + reason + " (" + file + ")");
   }
+  if (loads_attempted > 0) {
+    return Status::unavailable("no checkpoint in '" + m.options.dir + "' verified on every rank after " +
+                               std::to_string(loads_attempted) +
+                               " load attempt(s); the state may be partly loaded, so training cannot start from it");
+  }
   if (world_mismatches > 0) {
     return Status::invalidArgument("no usable checkpoint in '" + m.options.dir + "': " +
                                    std::to_string(world_mismatches) + " were written by world size " +
@@ -585,12 +624,15 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
   return std::optional<int64_t>(std::nullopt);
 }
 
-Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int keep) {
+Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int keep, int64_t committed_step) {
   auto names = fs.listDir(dir);
   if (!names) return names.status();
   std::vector<int64_t> steps;
   for (const auto& n : *names) {
-    if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+    auto s = parseCheckpointDirName(n);
+    // Directories newer than what was just committed are not ours to judge (a skipped,
+    // possibly corrupt checkpoint of an earlier attempt): they neither count nor go.
+    if (s && *s <= committed_step) steps.push_back(*s);
   }
   std::sort(steps.rbegin(), steps.rend());
   RetentionPlan plan;
@@ -599,18 +641,20 @@ Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int 
     const std::string d = joinPath(dir, checkpointDirName(step));
     bool valid = false;
     if (auto m = readManifest(fs, d)) {
+      // Valid as restore would see it short of reading the data: every shard present, of the
+      // manifest's size, with the manifest's index checksum.
       valid = true;
       for (const auto& s : m->shards) {
-        auto f = fs.newReadableFile(joinPath(d, s.file));
-        if (!f || (*f)->size() != s.size) {
+        auto r = ShardReader::open(fs, joinPath(d, s.file));
+        if (!r || (*r)->info().file_size != s.size || (*r)->info().index_xxh3 != s.xxh3) {
           valid = false;
           break;
         }
       }
     }
-    if (valid && static_cast<int>(plan.keep.size()) < keep) {
-      plan.keep.push_back(step);
-      seen_valid = true;
+    if (step == committed_step || (valid && static_cast<int>(plan.keep.size()) < keep)) {
+      plan.keep.push_back(step);  // the just-committed one is always kept
+      seen_valid = seen_valid || valid || step == committed_step;
     } else if (seen_valid) {
       plan.remove.push_back(step);  // older than the newest valid: a surplus or a broken one
     }

@@ -51,6 +51,13 @@ void CollectiveTracker::end(uint64_t seq, bool ok) {
   }
 }
 
+void CollectiveTracker::untrack(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.untracked;
+  CollectiveRecord& r = ring_[seq % kCapacity];
+  if (r.seq == seq) r.exit_ns = -1;
+}
+
 CollectiveTracker::Stats CollectiveTracker::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

@@ -444,7 +444,15 @@ Result<Checkpointer::Outcome> Supervisor::checkpoint(int64_t step, const Checkpo
 
 Result<Checkpointer::Outcome> Supervisor::saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now) {
   if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
+  // The save runs first on every rank, whatever an earlier persist left behind: skipping it on
+  // one rank would put that rank's decisions out of step with the others'.
+  Result<Checkpointer::Outcome> r = saveCheckpointNow(step, collect, now);
   if (Status s = impl_->checkpointer->takeError(); !s.isOk()) return s;
+  return r;
+}
+
+Result<Checkpointer::Outcome> Supervisor::saveCheckpointNow(int64_t step, const Checkpointer::Collect& collect,
+                                                            bool now) {
   auto scope = section(kCheckpointSectionName);
   ProgressTracker& p = *impl_->progress;
   Checkpointer::Collect with_budgets = [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {

@@ -4,7 +4,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -74,6 +76,13 @@ Status TorchState::collect(std::vector<BufferRef>& buffers, std::map<std::string
     r.device = t.device().is_cuda() ? t.device().index() : -1;
     buffers.push_back(std::move(r));
   }
+  // The copy to staging memory is a plain cudaMemcpy on the default stream: make sure every
+  // kernel that writes these tensors, on any stream, has finished.
+  std::vector<int> devices;
+  for (const auto& b : buffers) {
+    if (b.device >= 0 && std::find(devices.begin(), devices.end(), b.device) == devices.end()) devices.push_back(b.device);
+  }
+  for (int d : devices) torch::cuda::synchronize(d);
   if (!rng_name_.empty()) {
     auto gen = at::detail::getDefaultCPUGenerator();
     torch::Tensor st;
@@ -183,15 +192,34 @@ class StoreChannel final : public CommitChannel {
   Status set(const std::string& key, const std::string& value) override {
     return guard("set", key, [&] { store_->set(key, std::vector<uint8_t>(value.begin(), value.end())); });
   }
+  // Polls with check() instead of a blocking wait(): a TCPStore client holds its connection's
+  // lock for the whole of a wait(), so the writer thread waiting for a commit would block the
+  // training thread's decision reads (and, across ranks, deadlock). A check is one short round
+  // trip; the pauses between checks grow from 1 ms to 50 ms.
   Result<std::string> get(const std::string& key, Nanos timeout) override {
-    std::string out;
-    Status s = guard("get", key, [&] {
-      store_->wait({key}, std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
-      auto v = store_->get(key);
-      out.assign(v.begin(), v.end());
-    });
-    if (!s.isOk()) return s;
-    return out;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::milliseconds(1);
+    for (;;) {
+      bool present = false;
+      Status s = guard("check", key, [&] { present = store_->check({key}); });
+      if (!s.isOk()) return s;
+      if (present) {
+        std::string out;
+        s = guard("get", key, [&] {
+          auto v = store_->get(key);
+          out.assign(v.begin(), v.end());
+        });
+        if (!s.isOk()) return s;
+        return out;
+      }
+      auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        return Status::timedOut("c10d store: key '" + key + "' did not appear within " +
+                                std::to_string(toSeconds(timeout)) + " s");
+      }
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, deadline - now));
+      pause = std::min(pause * 2, std::chrono::milliseconds(50));
+    }
   }
   Result<int64_t> add(const std::string& key, int64_t delta) override {
     int64_t v = 0;

@@ -38,8 +38,9 @@ c10::intrusive_ptr<c10d::Work> TrackingProcessGroup::track(CollectiveOp op, uint
     work->getFuture()->addCallback(
         [tracker, seq](c10::ivalue::Future& f) { tracker->end(seq, !f.hasError()); });
   } catch (const c10::Error&) {
-    // A work without a future (some backends, some ops): its completion is unknown to us, and
-    // the record stays pending; the enter time still counts for detection.
+    // A work without a future (gloo send/recv in torch 1.x): its completion cannot be seen
+    // from here; say so rather than leave a record that looks like a hang.
+    tracker_.untrack(seq);
   }
   return work;
 }
