@@ -161,7 +161,8 @@ def test_cpp_example_checkpoint_is_readable(tmp_path):
 def test_train_ddp_under_torchrun_with_four_ranks(tmp_path):
     """The example as users launch it: torchrun, 4 local ranks, checkpoints, then a resume."""
     env = dict(os.environ, TRAINSUP_LOG_DIR=str(tmp_path / "logs"), TRAINSUP_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-               TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+               TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               TRAINSUP_CHECKPOINT_BUSY_POLICY="wait")  # steps take ms: the saved steps must not depend on timing
     # -r 1 -t 1: torchrun 1.13 on Python 3.11 crashes at start without them (issue 6 removes the need).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-r", "1", "-t", "1",
            TRAIN_DDP, "--checkpoint-every", "10"]

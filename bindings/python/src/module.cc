@@ -110,8 +110,11 @@ class PyChannel final : public CommitChannel {
 class PyShard {
  public:
   PyShard(const ShardReader* reader, std::unique_ptr<ShardReader> owner = nullptr)
-      : reader_(reader), owner_(std::move(owner)) {}
+      : reader_(reader), owner_(std::move(owner)), valid_(std::make_shared<bool>(true)) {}
+  // A shard lent to a restore callback is only valid during the callback.
+  std::shared_ptr<bool> validity() const { return valid_; }
   py::list entries() const {
+    check();
     py::list out;
     for (const auto& e : reader_->info().tensors) {
       py::dict d;
@@ -124,6 +127,7 @@ class PyShard {
     return out;
   }
   void readInto(const std::string& name, uintptr_t address, size_t nbytes) const {
+    check();
     const TensorEntry* e = reader_->find(name);
     if (e == nullptr) throw py::key_error("'" + name + "' is not in " + reader_->path());
     Status s;
@@ -139,8 +143,12 @@ class PyShard {
   std::string path() const { return reader_->path(); }
 
  private:
+  void check() const {
+    if (!*valid_) throw std::runtime_error("trainsup: this shard was lent to a restore callback that has returned");
+  }
   const ShardReader* reader_;
-  std::unique_ptr<ShardReader> owner_;
+  std::shared_ptr<ShardReader> owner_;
+  std::shared_ptr<bool> valid_;
 };
 
 py::dict manifestDict(const Manifest& m) {
@@ -242,8 +250,14 @@ std::string save(Supervisor& sup, int64_t step, const py::function& collect, boo
 std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
   Checkpointer::Load l = [&](const Manifest& m, const ShardReader& shard) -> Status {
     py::gil_scoped_acquire gil;
+    PyShard lent(&shard);
+    auto valid = lent.validity();
+    struct Expire {
+      std::shared_ptr<bool> v;
+      ~Expire() { *v = false; }
+    } expire{valid};
     try {
-      load(PyShard(&shard), manifestDict(m));
+      load(lent, manifestDict(m));
       return Status::ok();
     } catch (py::error_already_set& e) {
       // Only trainsup's own read errors (checksums, short files) mean "this checkpoint is bad,

@@ -81,6 +81,7 @@ struct Checkpointer::Impl {
   int64_t last_decision_step = -1;
   int64_t last_snapshot_step = std::numeric_limits<int64_t>::min();  // saved or restored
   int64_t previous_save_seq = 0;  // writer thread (rank 0): whose keys to delete next
+  int64_t restore_attempts = 0;   // training thread: restore() calls, the same on every rank
 
   // Staging memory: written by the training thread while no persist is in flight, then read
   // by the writer thread until the persist ends (handed over under mu).
@@ -520,14 +521,36 @@ Checkpointer::Stats Checkpointer::stats() const {
 Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
   Impl& m = *impl_;
   const Nanos start = m.clock->monotonicNow();
-  auto names = m.fs->listDir(m.options.dir);
-  if (!names) return names.status().code() == StatusCode::kNotFound ? Result<std::optional<int64_t>>(std::nullopt)
-                                                                      : Result<std::optional<int64_t>>(names.status());
+  const std::string attempt = m.key_base + "/restore/" + std::to_string(++m.restore_attempts);
   std::vector<int64_t> steps;
-  for (const auto& n : *names) {
-    if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+  if (m.identity.rank == 0 || m.identity.world_size == 1) {
+    auto names = m.fs->listDir(m.options.dir);
+    if (!names && names.status().code() != StatusCode::kNotFound) return names.status();
+    if (names) {
+      for (const auto& n : *names) {
+        if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+      }
+    }
+    std::sort(steps.rbegin(), steps.rend());
   }
-  std::sort(steps.rbegin(), steps.rend());
+  if (m.identity.world_size > 1) {
+    // Rank 0's listing is everyone's: listings of a shared file system can differ between
+    // hosts for a while (client caching), and every rank must vote on the same candidates.
+    if (m.identity.rank == 0) {
+      std::string list;
+      for (int64_t st : steps) list += (list.empty() ? "" : ",") + std::to_string(st);
+      if (Status s = m.channel->set(attempt + "/candidates", list); !s.isOk()) return s;
+    } else {
+      auto list = m.channel->get(attempt + "/candidates", m.commitTimeout());
+      if (!list) return Status(list.status().code(), "restore candidates from rank 0: " + list.status().message());
+      for (size_t pos = 0; pos < list->size();) {
+        size_t end = list->find(',', pos);
+        if (end == std::string::npos) end = list->size();
+        steps.push_back(std::stoll(list->substr(pos, end - pos)));
+        pos = end + 1;
+      }
+    }
+  }
   int world_mismatches = 0;
   int mismatch_world = 0;
   int loads_attempted = 0;  // after one, the caller's state may be partly overwritten
@@ -571,7 +594,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     // Agree: every rank adds its vote; the last one publishes the count of successes.
     std::string agreed_failure;
     if (m.identity.world_size > 1) {
-      const std::string k = m.key_base + "/restore/" + std::to_string(step);
+      const std::string k = attempt + "/" + std::to_string(step);
       if (!st.isOk()) m.channel->set(k + "/why", "rank " + std::to_string(m.identity.rank) + ": " + st.message());
       auto oks = m.channel->add(k + "/ok", st.isOk() ? 1 : 0);
       auto aborts = m.channel->add(k + "/abort", fatal ? 1 : 0);
