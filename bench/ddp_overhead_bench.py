@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The DDP example's step time with trainsup (watchdog + collective tracker, no checkpoint due)
 over the same script without trainsup, 2 gloo ranks on this machine, interleaved rounds,
-median per variant. Last line: one JSON object with "ddp_overhead_ratio" (target <= 1.02).
+median per variant; steady state (the first 50 steps, with DDP's bucket rebuild and start-up
+skew between ranks, are not timed). Last line: one JSON object with "ddp_overhead_ratio"
+(target <= 1.02).
 
     PYTHONPATH=build/bindings/python /usr/bin/python3 bench/ddp_overhead_bench.py [rounds] [steps]
 """

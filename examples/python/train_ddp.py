@@ -34,14 +34,18 @@ def train_step(ddp, optimizer, scheduler, rank, step):
     return loss
 
 
+WARMUP_STEPS = 50  # excluded from step_time_s: DDP's bucket rebuild, start-up skew between ranks
+
+
 def train_plain(args, ddp, optimizer, scheduler, rank):
     """The same loop without trainsup, for the overhead benchmark."""
-    import time
-    t0 = time.perf_counter()
+    t0 = None
     for step in range(args.steps):
+        if step == min(WARMUP_STEPS, args.steps - 1):
+            t0 = time.perf_counter()
         train_step(ddp, optimizer, scheduler, rank, step)
     if rank == 0:
-        print(f"step_time_s={(time.perf_counter() - t0) / args.steps:.6f}", flush=True)
+        print(f"step_time_s={(time.perf_counter() - t0) / max(1, args.steps - WARMUP_STEPS):.6f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -79,7 +83,10 @@ def main():
         if start:
             sup.log(f"resumed at step {start}")
         t0 = time.perf_counter()
+        timed_from = start
         for step in range(start, args.steps):
+            if step == min(start + WARMUP_STEPS, args.steps - 1):
+                t0, timed_from = time.perf_counter(), step
             if sup.stop_requested:
                 sup.checkpoint(step - 1, state)  # preemption: save where we are
                 sup.log(f"stop requested: checkpointed step {step - 1}")
@@ -98,7 +105,7 @@ def main():
             if step % 50 == 0:
                 sup.log(f"step {step} loss {loss.item():.5f}")
         if rank == 0:
-            print(f"step_time_s={(time.perf_counter() - t0) / max(1, args.steps - start):.6f}", flush=True)
+            print(f"step_time_s={(time.perf_counter() - t0) / max(1, args.steps - timed_from):.6f}", flush=True)
         if rank == 0 and args.out:
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                         "scheduler": scheduler.state_dict()}, args.out)

@@ -163,52 +163,49 @@ def load_into(state, shard):
 
 
 class PyStoreChannel:
-    """A torch.distributed Store as trainsup's commit channel (any torch version)."""
+    """A torch.distributed Store as trainsup's commit channel (any torch version).
+
+    get() polls instead of blocking in store.wait(): a TCPStore client holds its connection's
+    lock for the whole of a wait(), which would block this process's other thread (the writer
+    waits for commits while the training thread reads decisions) and deadlock across ranks.
+    Stores without check() in Python (torch 1.13) get a presence counter beside each key,
+    which add(key, 0) reads without blocking."""
 
     def __init__(self, store):
         self._store = store
+        self._has_check = hasattr(store, "check")
 
     def set(self, key, value):
         self._store.set(key, value)
+        if not self._has_check:
+            self._store.add(key + "#present", 1)
+
+    def _present(self, key):
+        if self._has_check:
+            return self._store.check([key])
+        return self._store.add(key + "#present", 0) > 0
 
     def get(self, key, timeout_s):
-        # Polls with check() rather than wait(): a TCPStore client holds its connection's lock
-        # for the whole of a wait(), which would block this process's other thread (the writer
-        # waits for commits while the training thread reads decisions) and deadlock across ranks.
-        # Stores without check() in Python (torch 1.13) get short wait()s instead, so that the
-        # lock is never held for more than 50 ms at a time.
-        import datetime
         import time
         deadline = time.monotonic() + timeout_s
-        pause = 0.001
-        while True:
+        pause = 0.0005
+        while not self._present(key):
             left = deadline - time.monotonic()
-            if hasattr(self._store, "check"):
-                if self._store.check([key]):
-                    break
-                if left <= 0:
-                    raise TimeoutError(f"store key {key!r} did not appear within {timeout_s:.1f} s")
-                time.sleep(min(pause, left))
-                pause = min(pause * 2, 0.05)
-            else:
-                try:
-                    self._store.wait([key], datetime.timedelta(seconds=max(0.001, min(0.05, left))))
-                    break
-                except RuntimeError as e:  # c10d reports a wait timeout as RuntimeError
-                    if "imeout" not in str(e) and "imed out" not in str(e):
-                        raise
-                    if left <= 0:
-                        raise TimeoutError(f"store key {key!r} did not appear within {timeout_s:.1f} s") from e
+            if left <= 0:
+                raise TimeoutError(f"store key {key!r} did not appear within {timeout_s:.1f} s")
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.05)
         return self._store.get(key).decode()
 
     def add(self, key, delta):
         return self._store.add(key, delta)
 
     def remove(self, key):
-        try:
-            self._store.delete_key(key)
-        except (RuntimeError, NotImplementedError):
-            pass  # FileStore cannot delete; a leftover key costs a few bytes
+        for k in (key, key + "#present"):
+            try:
+                self._store.delete_key(k)
+            except (RuntimeError, NotImplementedError):
+                pass  # FileStore cannot delete; a leftover key costs a few bytes
 
 
 class Checkpoint:
