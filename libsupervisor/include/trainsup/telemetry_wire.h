@@ -1,0 +1,78 @@
+// trainsup/telemetry_wire.h — the wire format between ranks, node monitors and the job
+// coordinator (issue #5): length-prefixed frames, each authenticated by the job's token.
+//
+// Frame (little-endian): magic "TSUT" (4) | version u16 (=1) | type u16 | payload length u32 |
+// token (16 bytes, taken from the job's c10d store) | payload. Payloads are fixed-layout
+// records (below), several per frame. FrameDecoder consumes a byte stream (a TCP or Unix socket)
+// and yields whole messages; it never trusts a length: a frame over kMaxPayload, an unknown
+// type or version, a payload that is not a whole number of records, or a wrong token is
+// counted and dropped, and the stream resynchronizes on the next magic. Nothing in here
+// allocates more than kMaxPayload per frame or throws on bad input. Not thread-safe per object.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "trainsup/collective_tracker.h"
+#include "trainsup/export.h"
+
+namespace trainsup {
+
+using JobToken = std::array<uint8_t, 16>;
+
+enum class WireType : uint16_t { kCollectives = 1, kHeartbeat = 2, kStall = 3 };
+
+// One collective record of one rank (enter and, when known, exit).
+struct WireCollective {
+  int32_t rank = 0;
+  uint64_t seq = 0;
+  uint8_t op = 0;          // CollectiveOp
+  uint64_t bytes = 0;
+  int64_t enter_ns = 0;    // the rank's own clock
+  int64_t exit_ns = 0;     // 0: still open
+};
+
+struct WireHeartbeat {
+  int32_t rank = 0;
+  int64_t step = -1;
+  int64_t sent_ns = 0;
+};
+
+struct WireStall {
+  int32_t rank = 0;
+  int64_t step = -1;
+  char section[32] = {};   // NUL-padded
+};
+
+struct WireMessage {
+  WireType type = WireType::kHeartbeat;
+  std::vector<WireCollective> collectives;
+  std::vector<WireHeartbeat> heartbeats;
+  std::vector<WireStall> stalls;
+};
+
+inline constexpr uint32_t kMaxPayload = 1u << 20;
+
+TRAINSUP_EXPORT std::string encodeFrame(const WireMessage& message, const JobToken& token);
+
+class TRAINSUP_EXPORT FrameDecoder {
+ public:
+  explicit FrameDecoder(const JobToken& token) : token_(token) {}
+  // Appends bytes from the stream and returns the messages completed by them.
+  std::vector<WireMessage> feed(const uint8_t* data, size_t n);
+  struct Counters {
+    uint64_t frames = 0, bad_magic_bytes = 0, oversized = 0, bad_version = 0, bad_type = 0, bad_length = 0,
+             bad_token = 0;
+  };
+  const Counters& counters() const { return counters_; }
+  size_t buffered() const { return buffer_.size(); }
+
+ private:
+  JobToken token_;
+  std::vector<uint8_t> buffer_;
+  Counters counters_;
+};
+
+}  // namespace trainsup

@@ -1,0 +1,168 @@
+#include "trainsup/telemetry_wire.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace trainsup {
+namespace {
+
+constexpr uint8_t kMagic[4] = {'T', 'S', 'U', 'T'};
+constexpr uint16_t kVersion = 1;
+constexpr size_t kHeader = 4 + 2 + 2 + 4 + 16;
+// Fixed record sizes on the wire (packed, little-endian).
+constexpr size_t kCollectiveSize = 4 + 8 + 1 + 8 + 8 + 8;
+constexpr size_t kHeartbeatSize = 4 + 8 + 8;
+constexpr size_t kStallSize = 4 + 8 + 32;
+
+template <class T>
+void put(std::string& out, T v) {
+  char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  out.append(b, sizeof(T));
+}
+template <class T>
+T get(const uint8_t*& p) {
+  T v;
+  std::memcpy(&v, p, sizeof(T));
+  p += sizeof(T);
+  return v;
+}
+
+size_t recordSize(WireType t) {
+  switch (t) {
+    case WireType::kCollectives: return kCollectiveSize;
+    case WireType::kHeartbeat: return kHeartbeatSize;
+    case WireType::kStall: return kStallSize;
+  }
+  return 0;
+}
+
+// Constant-time comparison: the token is a secret.
+bool sameToken(const uint8_t* a, const JobToken& b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < b.size(); ++i) diff |= static_cast<uint8_t>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+std::string encodeFrame(const WireMessage& m, const JobToken& token) {
+  std::string payload;
+  switch (m.type) {
+    case WireType::kCollectives:
+      for (const auto& c : m.collectives) {
+        put(payload, c.rank);
+        put(payload, c.seq);
+        put(payload, c.op);
+        put(payload, c.bytes);
+        put(payload, c.enter_ns);
+        put(payload, c.exit_ns);
+      }
+      break;
+    case WireType::kHeartbeat:
+      for (const auto& h : m.heartbeats) {
+        put(payload, h.rank);
+        put(payload, h.step);
+        put(payload, h.sent_ns);
+      }
+      break;
+    case WireType::kStall:
+      for (const auto& s : m.stalls) {
+        put(payload, s.rank);
+        put(payload, s.step);
+        payload.append(s.section, sizeof(s.section));
+      }
+      break;
+  }
+  std::string out(reinterpret_cast<const char*>(kMagic), 4);
+  put(out, kVersion);
+  put(out, static_cast<uint16_t>(m.type));
+  put(out, static_cast<uint32_t>(payload.size()));
+  out.append(reinterpret_cast<const char*>(token.data()), token.size());
+  out += payload;
+  return out;
+}
+
+std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
+  std::vector<WireMessage> out;
+  buffer_.insert(buffer_.end(), data, data + n);
+  size_t pos = 0;
+  while (buffer_.size() - pos >= kHeader) {
+    const uint8_t* h = buffer_.data() + pos;
+    if (std::memcmp(h, kMagic, 4) != 0) {
+      // Not at a frame: skip to the next possible magic.
+      ++counters_.bad_magic_bytes;
+      ++pos;
+      continue;
+    }
+    const uint8_t* p = h + 4;
+    uint16_t version = get<uint16_t>(p);
+    uint16_t type = get<uint16_t>(p);
+    uint32_t length = get<uint32_t>(p);
+    const uint8_t* token = p;
+    if (version != kVersion) {
+      ++counters_.bad_version;
+      pos += 4;  // resynchronize after this magic
+      continue;
+    }
+    if (length > kMaxPayload) {
+      ++counters_.oversized;
+      pos += 4;
+      continue;
+    }
+    size_t rs = type >= 1 && type <= 3 ? recordSize(static_cast<WireType>(type)) : 0;
+    if (rs == 0) {
+      ++counters_.bad_type;
+      pos += 4;
+      continue;
+    }
+    if (length % rs != 0) {
+      ++counters_.bad_length;
+      pos += 4;
+      continue;
+    }
+    if (buffer_.size() - pos < kHeader + length) break;  // wait for the rest
+    const uint8_t* payload = h + kHeader;
+    if (!sameToken(token, token_)) {
+      ++counters_.bad_token;
+      pos += kHeader + length;  // a whole, well-formed frame from someone without the token
+      continue;
+    }
+    WireMessage m;
+    m.type = static_cast<WireType>(type);
+    const uint8_t* q = payload;
+    for (uint32_t i = 0; i < length / rs; ++i) {
+      if (m.type == WireType::kCollectives) {
+        WireCollective c;
+        c.rank = get<int32_t>(q);
+        c.seq = get<uint64_t>(q);
+        c.op = get<uint8_t>(q);
+        c.bytes = get<uint64_t>(q);
+        c.enter_ns = get<int64_t>(q);
+        c.exit_ns = get<int64_t>(q);
+        m.collectives.push_back(c);
+      } else if (m.type == WireType::kHeartbeat) {
+        WireHeartbeat hb;
+        hb.rank = get<int32_t>(q);
+        hb.step = get<int64_t>(q);
+        hb.sent_ns = get<int64_t>(q);
+        m.heartbeats.push_back(hb);
+      } else {
+        WireStall s;
+        s.rank = get<int32_t>(q);
+        s.step = get<int64_t>(q);
+        std::memcpy(s.section, q, sizeof(s.section));
+        s.section[sizeof(s.section) - 1] = '\0';
+        q += sizeof(s.section);
+        m.stalls.push_back(s);
+      }
+    }
+    ++counters_.frames;
+    out.push_back(std::move(m));
+    pos += kHeader + length;
+  }
+  buffer_.erase(buffer_.begin(), buffer_.begin() + static_cast<std::ptrdiff_t>(pos));
+  return out;
+}
+
+}  // namespace trainsup
