@@ -1,0 +1,186 @@
+#include "trainsup/coordinator.h"
+
+#include <boost/asio.hpp>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "trainsup/clock.h"
+
+namespace trainsup {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+// Handlers hold a plain pointer: the Impl outlives the I/O thread, and destroying it destroys
+// the io_context with every pending handler (and so every Connection).
+struct Coordinator::Impl {
+  // Set at construction.
+  JobToken token;
+  CoordinatorOptions options;
+  OnVerdict on_verdict;
+
+  asio::io_context io;
+  tcp::acceptor acceptor{io};
+  asio::steady_timer timer{io};
+  std::thread thread;
+  uint16_t port = 0;
+
+  // I/O thread only.
+  std::unique_ptr<Detector> detector;
+
+  mutable std::mutex counters_mu;
+  Counters counters;  // guarded by counters_mu
+  std::once_flag stopped;
+
+  void accept();
+  void tick();
+  void count(uint64_t Counters::*field, uint64_t n = 1) {
+    std::lock_guard<std::mutex> lock(counters_mu);
+    counters.*field += n;
+  }
+};
+
+namespace {
+
+int64_t nowNs() { return Clock::real().monotonicNow().count(); }
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(tcp::socket socket, Coordinator::Impl* owner)
+      : socket_(std::move(socket)), owner_(owner), decoder_(owner_->token) {}
+  void read() {
+    auto self = shared_from_this();
+    socket_.async_read_some(asio::buffer(buf_), [self](const boost::system::error_code& ec, size_t n) {
+      if (ec) {
+        self->closed();
+        return;
+      }
+      self->consume(n);
+      self->read();
+    });
+  }
+
+ private:
+  void consume(size_t n) {
+    Coordinator::Impl& o = *owner_;
+    auto before = decoder_.counters();
+    auto messages = decoder_.feed(buf_.data(), n);
+    auto after = decoder_.counters();
+    uint64_t dropped = (after.oversized - before.oversized) + (after.bad_version - before.bad_version) +
+                       (after.bad_type - before.bad_type) + (after.bad_length - before.bad_length) +
+                       (after.bad_token - before.bad_token);
+    if (dropped > 0) o.count(&Coordinator::Counters::dropped_frames, dropped);
+    const int64_t now = nowNs();
+    for (const auto& m : messages) {
+      o.count(&Coordinator::Counters::frames);
+      for (const auto& c : m.collectives) {
+        ranks_.insert(c.rank);
+        auto op = c.op < kCollectiveOpCount ? static_cast<CollectiveOp>(c.op) : CollectiveOp::kOther;
+        o.detector->onEnter(c.rank, c.seq, op, c.bytes, now);
+        if (c.exit_ns > 0) o.detector->onExit(c.rank, c.seq, c.exit_ns - c.enter_ns, now);
+      }
+      for (const auto& h : m.heartbeats) {
+        ranks_.insert(h.rank);
+        o.detector->onHeartbeat(h.rank, now);
+      }
+      for (const auto& s : m.stalls) {
+        ranks_.insert(s.rank);
+        o.detector->onRankStalled(s.rank, s.section, s.step, now);
+      }
+      o.count(&Coordinator::Counters::records, m.collectives.size() + m.heartbeats.size() + m.stalls.size());
+    }
+  }
+  void closed() {
+    const int64_t now = nowNs();
+    for (int r : ranks_) owner_->detector->onDisconnect(r, now);
+  }
+
+  tcp::socket socket_;
+  Coordinator::Impl* owner_;
+  FrameDecoder decoder_;
+  std::array<uint8_t, 64 * 1024> buf_;
+  std::set<int> ranks_;
+};
+
+}  // namespace
+
+void Coordinator::Impl::accept() {
+  Impl* self = this;
+  acceptor.async_accept([self](const boost::system::error_code& ec, tcp::socket socket) {
+    if (ec) return;  // acceptor closed
+    self->count(&Counters::connections);
+    std::make_shared<Connection>(std::move(socket), self)->read();
+    self->accept();
+  });
+}
+
+void Coordinator::Impl::tick() {
+  Impl* self = this;
+  timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options.evaluate_interval_s)));
+  timer.async_wait([self](const boost::system::error_code& ec) {
+    if (ec) return;
+    for (const Verdict& v : self->detector->evaluate(nowNs())) {
+      self->count(&Counters::verdicts);
+      if (self->on_verdict) self->on_verdict(v);
+    }
+    self->tick();
+  });
+}
+
+Result<std::unique_ptr<Coordinator>> Coordinator::start(std::vector<RankInfo> ranks, const JobToken& token,
+                                                        CoordinatorOptions options, DetectorOptions detector,
+                                                        OnVerdict on_verdict) {
+  auto impl = std::make_shared<Impl>();
+  impl->token = token;
+  impl->options = options;
+  impl->on_verdict = std::move(on_verdict);
+  impl->detector = std::make_unique<Detector>(std::move(ranks), detector);
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(options.bind_address, ec);
+  if (ec) return Status::invalidArgument("coordinator bind address '" + options.bind_address + "': " + ec.message());
+  tcp::endpoint endpoint(address, options.port);
+  impl->acceptor.open(endpoint.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(endpoint, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::unavailable("coordinator cannot listen on " + options.bind_address + ":" +
+                               std::to_string(options.port) + ": " + ec.message());
+  }
+  impl->port = impl->acceptor.local_endpoint().port();
+  impl->accept();
+  impl->tick();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->io.run(); });
+  auto c = std::unique_ptr<Coordinator>(new Coordinator(nullptr));
+  c->impl_ = std::move(impl);
+  return c;
+}
+
+Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Coordinator::~Coordinator() { stop(); }
+
+uint16_t Coordinator::port() const { return impl_->port; }
+
+void Coordinator::stop() {
+  if (!impl_) return;
+  std::call_once(impl_->stopped, [this] {
+    asio::post(impl_->io, [impl = impl_.get()] {
+      boost::system::error_code ignored;
+      impl->acceptor.close(ignored);
+      impl->timer.cancel();
+      impl->io.stop();
+    });
+    if (impl_->thread.joinable()) impl_->thread.join();
+  });
+}
+
+Coordinator::Counters Coordinator::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->counters_mu);
+  return impl_->counters;
+}
+
+}  // namespace trainsup
