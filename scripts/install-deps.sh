@@ -10,6 +10,7 @@ packages=(
   libspdlog-dev libfmt-dev                # logs (spdlog)
   nlohmann-json3-dev                      # event log, checkpoint index (JSON)
   libxxhash-dev                           # checkpoint checksums (XXH3)
+  libboost-dev                            # Boost.Asio: telemetry to the job coordinator
   libgtest-dev libgmock-dev               # C++ tests
   libcli11-dev                            # example trainer flags
   libtorch-dev libgloo-dev                # libtorch for the example trainer and torch layer
