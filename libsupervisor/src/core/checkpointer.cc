@@ -267,8 +267,10 @@ Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& co
 Result<Checkpointer::Outcome> Checkpointer::Impl::snapshotOrReport(int64_t step, int64_t seq, const Collect& collect) {
   auto r = snapshot(step, seq, collect);
   if (!r) {
-    channel->set(key_base + "/save/" + std::to_string(seq) + "/shard/" + std::to_string(identity.rank),
-                 "fail snapshot: " + r.status().message());
+    const std::string prefix = key_base + "/save/" + std::to_string(seq);
+    channel->set(prefix + "/shard/" + std::to_string(identity.rank), "fail snapshot: " + r.status().message());
+    // Rank 0 commits: without it nobody would ever publish the result the others wait for.
+    if (identity.rank == 0) channel->set(prefix + "/result", "failed: rank 0 snapshot: " + r.status().message());
     event("checkpoint_failed", {{"step", step}, {"dir", stepDir(step)}, {"reason", r.status().message()}});
   }
   return r;

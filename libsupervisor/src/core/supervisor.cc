@@ -124,7 +124,9 @@ void Supervisor::Impl::onWarn(const StallReport& r) {
 void Supervisor::Impl::onStall(const StallReport& r) {
   const bool exiting = config.stall_action == StallAction::kExit;
   const Nanos start = clock->monotonicNow();
-  if (exiting) watchdog->setAbortDeadline(start + fromSeconds(config.abort_grace_s));
+  // The dump (and, when exiting, the abort callbacks) keep this thread busy: the monitor then
+  // watches this deadline instead of the heartbeat, in warn mode too.
+  watchdog->setAbortDeadline(start + fromSeconds(config.abort_grace_s));
   auto& log = *logger.logger;
   log.error("STALL: section '{}' (step {}) made no progress for {} s; its {} budget is {} s. {}", r.section, r.step,
             seconds(r.elapsed), budgetKindName(r.budget.kind), seconds(r.budget.limit),
@@ -176,7 +178,10 @@ void Supervisor::Impl::onStall(const StallReport& r) {
                                {"extra_dumps", extra},
                                {"log_file", log_path}});
   log.flush();
-  if (!exiting) return;
+  if (!exiting) {
+    watchdog->clearAbortDeadline();
+    return;
+  }
 
   std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
   {
@@ -214,10 +219,13 @@ void Supervisor::Impl::onUnresponsive(Nanos silent) {
 }
 
 void Supervisor::Impl::onAbortDeadline() {
+  // Exiting for a stall anyway: say so with the stall's code. In warn mode the process was meant
+  // to live on, so a dump that never ends means the watchdog itself is stuck.
+  const int code = config.stall_action == StallAction::kExit ? kExitStall : kExitWatchdogUnresponsive;
   emergency(fmt::format("FATAL: stall handling (stack dump, abort callbacks) did not finish within "
                         "abort_grace_s={} s; exiting with code {} ({})",
-                        config.abort_grace_s, kExitStall, exitCodeName(kExitStall)),
-            kExitStall);
+                        config.abort_grace_s, code, exitCodeName(code)),
+            code);
 }
 
 Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options options) {
