@@ -57,7 +57,7 @@ t0 = events[0]["mono_ns"]
 keep = ("section", "step", "elapsed_s", "budget_s", "code", "threads", "kind", "stall_s", "persist_s", "restore_s", "reason")
 injected = None
 for e in events:
-    if e["event"] in ("checkpoint_snapshot", "section_slow", "checkpoint_removed"):
+    if e["event"] in ("checkpoint_snapshot", "checkpoint_staging", "section_slow", "checkpoint_removed"):
         continue
     extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items() if k in keep}
     print(f"   +{(e['mono_ns'] - t0) / 1e9:7.3f} s  restart={e['restart']} pid={e['pid']:<7} {e['event']:<21} {json.dumps(extra)}")
