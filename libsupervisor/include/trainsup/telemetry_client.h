@@ -1,0 +1,54 @@
+// trainsup/telemetry_client.h — a rank's telemetry to the job coordinator (issue #5, first cut).
+//
+// Contract: one background thread. Every `interval_s` it sends a heartbeat and every collective
+// record of the CollectiveTracker that is new (its enter) or newly completed (its exit), plus
+// queued stall reports, in token-authenticated frames over TCP. It never blocks the training
+// loop: records wait in a bounded queue (`queue_capacity`; when the coordinator is slow or gone
+// the oldest are dropped and counted) and the connection is re-established every `interval_s`
+// until stop(). stop() is idempotent and joins the thread; the destructor calls it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "trainsup/collective_tracker.h"
+#include "trainsup/export.h"
+#include "trainsup/status.h"
+#include "trainsup/telemetry_wire.h"
+
+namespace trainsup {
+
+struct TelemetryClientOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  JobToken token{};
+  int rank = 0;
+  double interval_s = 0.2;
+  size_t queue_capacity = 16384;
+};
+
+class TRAINSUP_EXPORT TelemetryClient {
+ public:
+  static Result<std::unique_ptr<TelemetryClient>> start(TelemetryClientOptions options,
+                                                        CollectiveTracker& tracker = CollectiveTracker::global());
+  ~TelemetryClient();
+  TelemetryClient(const TelemetryClient&) = delete;
+  TelemetryClient& operator=(const TelemetryClient&) = delete;
+
+  // Queues a stall report (this rank's watchdog found a section over its budget).
+  void reportStall(const std::string& section, int64_t step);
+  void stop();
+
+  struct Counters {
+    uint64_t frames_sent = 0, records_sent = 0, records_dropped = 0, connects = 0, send_errors = 0;
+  };
+  Counters counters() const;
+
+  struct Impl;
+
+ private:
+  explicit TelemetryClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace trainsup

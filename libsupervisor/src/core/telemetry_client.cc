@@ -1,0 +1,185 @@
+#include "trainsup/telemetry_client.h"
+
+#include <boost/asio.hpp>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "trainsup/clock.h"
+
+namespace trainsup {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+struct TelemetryClient::Impl {
+  // Set at construction.
+  TelemetryClientOptions options;
+  CollectiveTracker* tracker = nullptr;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool stopping = false;             // guarded by mu
+  std::deque<WireStall> stalls;      // guarded by mu
+  Counters counters;                 // guarded by mu
+  std::thread thread;
+
+  // Sender thread only.
+  asio::io_context io;
+  std::unique_ptr<tcp::socket> socket;
+  uint64_t next_seq = 1;              // first seq not yet sent as completed
+  std::set<uint64_t> sent_enter;      // open collectives already announced
+  std::set<uint64_t> sent_done;       // completed ones already sent (>= next_seq)
+  std::deque<WireCollective> pending; // records waiting for a connection
+
+  void loop();
+  void pump();
+  bool connect();
+  bool sendFrame(const WireMessage& m);
+};
+
+void TelemetryClient::Impl::pump() {
+  // New and newly completed collectives since the last pump.
+  auto records = tracker->recent(CollectiveTracker::kCapacity);
+  for (const auto& r : records) {
+    if (r.seq < next_seq) continue;
+    if (r.exit_ns != 0) {  // completed (or untracked): send once with its exit
+      if (sent_done.insert(r.seq).second) {
+        pending.push_back({options.rank, r.seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, r.exit_ns});
+      }
+    } else if (sent_enter.insert(r.seq).second) {  // open: announce its enter once
+      pending.push_back({options.rank, r.seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, 0});
+    }
+  }
+  // Forget what is settled: the completed prefix, and anything the ring has overwritten.
+  if (!records.empty()) next_seq = std::max(next_seq, records.front().seq);
+  while (sent_done.count(next_seq) != 0) ++next_seq;
+  sent_done.erase(sent_done.begin(), sent_done.lower_bound(next_seq));
+  sent_enter.erase(sent_enter.begin(), sent_enter.lower_bound(next_seq));
+  uint64_t dropped = 0;
+  while (pending.size() > options.queue_capacity) {
+    pending.pop_front();
+    ++dropped;
+  }
+  if (dropped > 0) {
+    std::lock_guard<std::mutex> lock(mu);
+    counters.records_dropped += dropped;
+  }
+}
+
+bool TelemetryClient::Impl::connect() {
+  if (socket) return true;
+  try {
+    auto s = std::make_unique<tcp::socket>(io);
+    s->connect({asio::ip::make_address(options.host), options.port});
+    s->set_option(tcp::no_delay(true));
+    socket = std::move(s);
+    std::lock_guard<std::mutex> lock(mu);
+    ++counters.connects;
+    return true;
+  } catch (const std::exception&) {
+    return false;  // try again next interval
+  }
+}
+
+bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
+  std::string frame = encodeFrame(m, options.token);
+  boost::system::error_code ec;
+  asio::write(*socket, asio::buffer(frame), ec);
+  std::lock_guard<std::mutex> lock(mu);
+  if (ec) {
+    ++counters.send_errors;
+    return false;
+  }
+  ++counters.frames_sent;
+  counters.records_sent += m.collectives.size() + m.heartbeats.size() + m.stalls.size();
+  return true;
+}
+
+void TelemetryClient::Impl::loop() {
+  const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(options.interval_s));
+  for (;;) {
+    std::deque<WireStall> new_stalls;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (cv.wait_for(lock, interval, [&] { return stopping || !stalls.empty(); }) && stopping) return;
+      new_stalls.swap(stalls);
+    }
+    pump();
+    if (!connect()) continue;
+    bool ok = true;
+    if (!new_stalls.empty()) {
+      WireMessage m;
+      m.type = WireType::kStall;
+      m.stalls.assign(new_stalls.begin(), new_stalls.end());
+      ok = sendFrame(m);
+    }
+    while (ok && !pending.empty()) {
+      WireMessage m;
+      m.type = WireType::kCollectives;
+      size_t n = std::min<size_t>(pending.size(), 4096);
+      m.collectives.assign(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+      ok = sendFrame(m);
+      if (ok) pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+    if (ok) {
+      WireMessage hb;
+      hb.type = WireType::kHeartbeat;
+      hb.heartbeats.push_back({options.rank, -1, Clock::real().monotonicNow().count()});
+      ok = sendFrame(hb);
+    }
+    if (!ok) socket.reset();  // reconnect next interval; pending records wait (bounded)
+  }
+}
+
+Result<std::unique_ptr<TelemetryClient>> TelemetryClient::start(TelemetryClientOptions options,
+                                                                CollectiveTracker& tracker) {
+  boost::system::error_code ec;
+  asio::ip::make_address(options.host, ec);
+  if (ec) return Status::invalidArgument("telemetry coordinator address '" + options.host + "': " + ec.message());
+  if (options.port == 0) return Status::invalidArgument("telemetry coordinator port must not be 0");
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->tracker = &tracker;
+  impl->next_seq = tracker.stats().last_seq + 1;  // what happened before we started is not news
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw] { raw->loop(); });
+  return std::unique_ptr<TelemetryClient>(new TelemetryClient(std::move(impl)));
+}
+
+TelemetryClient::TelemetryClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TelemetryClient::~TelemetryClient() { stop(); }
+
+void TelemetryClient::reportStall(const std::string& section, int64_t step) {
+  WireStall s;
+  s.rank = impl_->options.rank;
+  s.step = step;
+  std::strncpy(s.section, section.c_str(), sizeof(s.section) - 1);
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stalls.push_back(s);
+  }
+  impl_->cv.notify_all();
+}
+
+void TelemetryClient::stop() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping) return;
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+}
+
+TelemetryClient::Counters TelemetryClient::counters() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->counters;
+}
+
+}  // namespace trainsup

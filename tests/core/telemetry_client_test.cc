@@ -1,0 +1,131 @@
+// Ranks (threads with their own trackers) report through TelemetryClients to a Coordinator
+// over loopback: a rank that does not enter a collective is named after the budget; a rank
+// whose client goes away is named at once.
+#include "trainsup/telemetry_client.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <mutex>
+
+#include "trainsup/coordinator.h"
+
+namespace trainsup {
+namespace {
+
+JobToken jobToken() {
+  JobToken t;
+  t.fill(0x5A);
+  return t;
+}
+
+struct Sink {
+  std::mutex mu;
+  std::vector<Verdict> all;
+  std::promise<Verdict> first;
+  bool got = false;
+  Coordinator::OnVerdict callback() {
+    return [this](const Verdict& v) {
+      std::lock_guard<std::mutex> lock(mu);
+      all.push_back(v);
+      if (!got) {
+        got = true;
+        first.set_value(v);
+      }
+    };
+  }
+};
+
+std::unique_ptr<Coordinator> coordinator(Sink& sink, int world) {
+  std::vector<RankInfo> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back({r, 0, "node-" + std::to_string(r), ""});
+  DetectorOptions d;
+  d.hang_floor_s = 0.5;
+  d.warmup_collectives = 5;
+  d.warmup_budget_s = 0.5;
+  d.heartbeat_timeout_s = 30;
+  auto c = Coordinator::start(ranks, jobToken(), {}, d, sink.callback());
+  if (!c) throw std::runtime_error(c.status().toString());
+  return std::move(*c);
+}
+
+std::unique_ptr<TelemetryClient> client(uint16_t port, int rank, CollectiveTracker& t) {
+  TelemetryClientOptions o;
+  o.port = port;
+  o.token = jobToken();
+  o.rank = rank;
+  o.interval_s = 0.02;
+  auto c = TelemetryClient::start(o, t);
+  if (!c) throw std::runtime_error(c.status().toString());
+  return std::move(*c);
+}
+
+TEST(TelemetryClientTest, ARankThatNeverEntersIsNamedAfterTheBudget) {
+  constexpr int kWorld = 3;
+  Sink sink;
+  auto coord = coordinator(sink, kWorld);
+  std::vector<CollectiveTracker> trackers(kWorld);
+  std::vector<std::unique_ptr<TelemetryClient>> clients;
+  for (int r = 0; r < kWorld; ++r) clients.push_back(client(coord->port(), r, trackers[r]));
+  // 20 healthy collectives on every rank, then ranks 0 and 1 enter #21 and rank 2 never does.
+  for (int i = 0; i < 20; ++i) {
+    for (int r = 0; r < kWorld; ++r) trackers[r].end(trackers[r].begin(CollectiveOp::kAllreduce, 1024), true);
+  }
+  trackers[0].begin(CollectiveOp::kAllreduce, 1024);
+  trackers[1].begin(CollectiveOp::kAllreduce, 1024);
+  auto t0 = std::chrono::steady_clock::now();
+  auto fut = sink.first.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  Verdict v = fut.get();
+  EXPECT_EQ(v.kind, VerdictKind::kHungRank) << v.evidence;
+  EXPECT_EQ(v.ranks, std::vector<int>{2});
+  EXPECT_EQ(v.hosts, std::vector<std::string>{"node-2"});
+  EXPECT_EQ(v.seq, 21u);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(400));
+  for (auto& c : clients) c->stop();
+  coord->stop();
+  EXPECT_GT(clients[0]->counters().records_sent, 20u);
+  EXPECT_EQ(clients[0]->counters().records_dropped, 0u);
+}
+
+TEST(TelemetryClientTest, AClientThatGoesAwayIsADeadRank) {
+  Sink sink;
+  auto coord = coordinator(sink, 2);
+  CollectiveTracker a, b;
+  auto ca = client(coord->port(), 0, a);
+  auto cb = client(coord->port(), 1, b);
+  // Wait (bounded) until both are connected and heard from.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((ca->counters().frames_sent == 0 || cb->counters().frames_sent == 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_GT(cb->counters().frames_sent, 0u);
+  cb.reset();  // the rank's process dies: its connection closes
+  auto fut = sink.first.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Verdict v = fut.get();
+  EXPECT_EQ(v.kind, VerdictKind::kDeadRank);
+  EXPECT_EQ(v.ranks, std::vector<int>{1});
+  ca->stop();
+  coord->stop();
+}
+
+TEST(TelemetryClientTest, WithoutACoordinatorRecordsAreBoundedAndCounted) {
+  CollectiveTracker t;
+  TelemetryClientOptions o;
+  o.port = 1;  // nothing listens there
+  o.token = jobToken();
+  o.interval_s = 0.01;
+  o.queue_capacity = 100;
+  auto c = TelemetryClient::start(o, t);
+  ASSERT_TRUE(c.isOk());
+  for (int i = 0; i < 1000; ++i) t.end(t.begin(CollectiveOp::kAllreduce, 8), true);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((*c)->counters().records_dropped < 900 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  EXPECT_GE((*c)->counters().records_dropped, 900u);
+  EXPECT_EQ((*c)->counters().frames_sent, 0u);
+  (*c)->stop();
+}
+
+}  // namespace
+}  // namespace trainsup
