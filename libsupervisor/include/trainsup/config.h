@@ -9,6 +9,8 @@
 // Config is a plain value: copy it freely; it holds no resources.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -109,6 +111,10 @@ struct TRAINSUP_EXPORT Config {
 
   CheckpointOptions checkpoint;
 
+  // Telemetry to the job coordinator (issue #5). Empty: off.
+  std::string coordinator;  // TRAINSUP_COORDINATOR: "host:port"
+  std::string job_token;    // TRAINSUP_JOB_TOKEN: 32 hex digits, shared by the job's ranks
+
   // SIGTERM/SIGINT set a "stop requested" flag instead of killing the process.
   bool handle_signals = true;  // TRAINSUP_HANDLE_SIGNALS
 
@@ -117,6 +123,10 @@ struct TRAINSUP_EXPORT Config {
   // Checks cross-field rules (rank < world_size, positive intervals, ...).
   Status validate() const;
 };
+
+// The 16 bytes of a TRAINSUP_JOB_TOKEN (32 hex digits).
+using JobTokenBytes = std::array<uint8_t, 16>;
+TRAINSUP_EXPORT Result<JobTokenBytes> parseJobToken(const std::string& hex);
 
 // The OS host name (gethostname), or "unknown-host".
 TRAINSUP_EXPORT std::string osHostName();

@@ -97,6 +97,7 @@ class TRAINSUP_EXPORT Detector {
   std::map<uint64_t, Pending> pending_;  // open collectives by seq
   std::vector<int64_t> last_seen_ns_;
   std::vector<bool> silent_reported_, dead_, dead_reported_;
+  bool any_dead_reported_ = false;
   std::vector<Verdict> queued_;  // found between evaluate() calls, reported by the next one
   // Learned budgets: recent max-over-ranks waits per op kind.
   std::vector<std::deque<int64_t>> recent_waits_;

@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstdint>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <utility>
 
@@ -135,6 +136,17 @@ bool isSafeName(std::string_view s) {
 }
 
 }  // namespace
+
+Result<JobTokenBytes> parseJobToken(const std::string& hex) {
+  if (hex.size() != 32) return Status::invalidArgument("job token must be 32 hex digits");
+  JobTokenBytes t{};
+  for (size_t i = 0; i < 16; ++i) {
+    unsigned v = 0;
+    if (std::sscanf(hex.c_str() + 2 * i, "%2x", &v) != 1) return Status::invalidArgument("job token is not hex");
+    t[i] = static_cast<uint8_t>(v);
+  }
+  return t;
+}
 
 std::string osHostName() {
   char buf[HOST_NAME_MAX + 1] = {};
@@ -265,6 +277,8 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
   r.number("TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", ck.commit_timeout_s);
   r.number("TRAINSUP_MTBF_S", ck.mtbf_s, /*allow_zero=*/true);
   r.integer("TRAINSUP_CHECKPOINT_SYNC_STEPS", ck.sync_steps, 1);
+  r.text("TRAINSUP_COORDINATOR", c.coordinator);
+  r.text("TRAINSUP_JOB_TOKEN", c.job_token);
   if (!r.status().isOk()) return r.status();
   if (Status s = c.validate(); !s.isOk()) return s;
   return c;
@@ -321,6 +335,16 @@ Status Config::validate() const {
   if (heartbeat_timeout_s <= watchdog_interval_s) {
     return bad("heartbeat_timeout_s (TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S)=" + std::to_string(heartbeat_timeout_s) +
                " must exceed watchdog_interval_s=" + std::to_string(watchdog_interval_s));
+  }
+  if (!coordinator.empty()) {
+    size_t colon = coordinator.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == coordinator.size() ||
+        coordinator.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
+      return bad("coordinator (TRAINSUP_COORDINATOR)=" + quote(coordinator) + " is not host:port");
+    }
+    if (job_token.size() != 32 || job_token.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+      return bad("job_token (TRAINSUP_JOB_TOKEN) must be 32 hex digits when TRAINSUP_COORDINATOR is set");
+    }
   }
   if (checkpoint.dir.empty()) return bad("checkpoint.dir (TRAINSUP_CHECKPOINT_DIR) must not be empty");
   if (checkpoint.keep < 1) return bad("checkpoint.keep (TRAINSUP_CHECKPOINT_KEEP)=" + std::to_string(checkpoint.keep) + " must be >= 1");

@@ -179,12 +179,20 @@ int64_t Detector::budgetNs(CollectiveOp op, bool* learned) const {
 
 std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   std::vector<Verdict> out;
-  // Crashed ranks (connection gone) first: they explain everything after.
+  // Crashed ranks (connection gone) first, in the order they went: when one rank dies its peers
+  // often die of it moments later, and the first to go is the culprit.
+  std::vector<int> newly_dead;
   for (int r = 0; r < world_; ++r) {
-    if (dead_[r] && !dead_reported_[r]) {
-      dead_reported_[r] = true;
-      out.push_back(make(VerdictKind::kDeadRank, {r}, "rank " + std::to_string(r) + "'s telemetry connection closed"));
-    }
+    if (dead_[r] && !dead_reported_[r]) newly_dead.push_back(r);
+  }
+  std::stable_sort(newly_dead.begin(), newly_dead.end(), [&](int a, int b) { return last_seen_ns_[a] < last_seen_ns_[b]; });
+  for (int r : newly_dead) {
+    dead_reported_[r] = true;
+    bool first = !any_dead_reported_;
+    any_dead_reported_ = true;
+    out.push_back(make(VerdictKind::kDeadRank, {r},
+                       "rank " + std::to_string(r) + "'s telemetry connection closed" +
+                           (first ? " (the first rank to go)" : " (after another rank went: likely a consequence)")));
   }
   // Silent ranks.
   const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);

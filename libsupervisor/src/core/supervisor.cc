@@ -22,6 +22,7 @@
 #include "stop_signals.h"
 #include "trainsup/gpu.h"
 #include "trainsup/stack_dump.h"
+#include "trainsup/telemetry_client.h"
 #include "trainsup/version.h"
 
 namespace trainsup {
@@ -42,6 +43,7 @@ struct Supervisor::Impl {
 
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
   std::unique_ptr<Checkpointer> checkpointer;  // training thread only
+  std::unique_ptr<TelemetryClient> telemetry;  // set in create(); null when off
   std::atomic<bool> closed{false};
   int seen_stop_signal = 0;  // watchdog thread only (close() after the watchdog stopped)
 
@@ -133,6 +135,7 @@ void Supervisor::Impl::onStall(const StallReport& r) {
             exiting ? fmt::format("Dumping stacks, running abort callbacks, then exiting with code {} ({}).",
                                   kExitStall, exitCodeName(kExitStall))
                     : std::string("Dumping stacks; stall_action=warn keeps the process running."));
+  if (telemetry) telemetry->reportStall(r.section, r.step);  // the coordinator hears it first
   events->write("stall", {{"section", r.section},
                           {"step", r.step},
                           {"depth", r.depth},
@@ -305,6 +308,18 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
       impl->logger.logger->warn("another Supervisor in this process owns the SIGTERM/SIGINT handlers");
     }
   }
+  if (!c.coordinator.empty()) {
+    TelemetryClientOptions t;
+    size_t colon = c.coordinator.rfind(':');
+    t.host = c.coordinator.substr(0, colon);
+    t.port = static_cast<uint16_t>(std::stoi(c.coordinator.substr(colon + 1)));
+    t.token = *parseJobToken(c.job_token);
+    t.rank = c.identity.rank;
+    auto client = TelemetryClient::start(t);
+    if (!client) return client.status();
+    impl->telemetry = std::move(*client);
+    impl->logger.logger->info("telemetry to the coordinator at {}", c.coordinator);
+  }
   if (c.watchdog_enabled) impl->watchdog->start();
   return std::unique_ptr<Supervisor>(new Supervisor(std::move(impl)));
 }
@@ -322,6 +337,7 @@ void Supervisor::close() {
     impl_->checkpointer.reset();
   }
   impl_->watchdog->stop();
+  if (impl_->telemetry) impl_->telemetry->stop();
   impl_->onTick();  // a stop request the watchdog had no tick left to report
   auto snap = impl_->progress->snapshot();
   auto steps = impl_->progress->stats(kStepSection);

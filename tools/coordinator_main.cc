@@ -1,0 +1,78 @@
+// trainsup_coordinator: runs a job coordinator by itself — for test harnesses and manual runs
+// before the launcher (issue #6) elects one. Prints one JSON line when listening and one per
+// verdict on stdout, and runs until stdin closes or SIGTERM/SIGINT.
+//
+//   trainsup_coordinator --world 4 --token <32 hex> [--port 0] [--hosts a,b,c,d]
+//                        [--hang-floor-s 5] [--heartbeat-timeout-s 5]
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "trainsup/config.h"
+#include "trainsup/coordinator.h"
+#include "trainsup/exit_codes.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"trainsup job coordinator: telemetry in, verdicts out (JSON lines)"};
+  int world = 1;
+  std::string token_hex, hosts_csv, bind = "127.0.0.1";
+  int port = 0;
+  trainsup::DetectorOptions d;
+  app.add_option("--world", world, "number of ranks")->required()->check(CLI::PositiveNumber);
+  app.add_option("--token", token_hex, "job token, 32 hex digits (TRAINSUP_JOB_TOKEN of the ranks)")->required();
+  app.add_option("--port", port, "TCP port (0: any free one, printed)")->check(CLI::Range(0, 65535));
+  app.add_option("--bind", bind, "address to listen on");
+  app.add_option("--hosts", hosts_csv, "host of each rank, comma-separated, in rank order");
+  app.add_option("--hang-floor-s", d.hang_floor_s, "smallest collective budget");
+  app.add_option("--heartbeat-timeout-s", d.heartbeat_timeout_s, "telemetry silence that names a rank");
+  CLI11_PARSE(app, argc, argv);
+  auto token = trainsup::parseJobToken(token_hex);
+  if (!token) {
+    std::fprintf(stderr, "trainsup_coordinator: --token: %s\n", token.status().message().c_str());
+    return trainsup::kExitBadConfig;
+  }
+  std::vector<trainsup::RankInfo> ranks;
+  std::stringstream ss(hosts_csv);
+  for (int r = 0; r < world; ++r) {
+    std::string host;
+    if (!std::getline(ss, host, ',')) host = "rank" + std::to_string(r);
+    ranks.push_back({r, 0, host, ""});
+  }
+  trainsup::CoordinatorOptions o;
+  o.bind_address = bind;
+  o.port = static_cast<uint16_t>(port);
+  auto c = trainsup::Coordinator::start(ranks, *token, o, d, [](const trainsup::Verdict& v) {
+    nlohmann::json j = {{"event", "verdict"}, {"kind", trainsup::verdictKindName(v.kind)}, {"ranks", v.ranks},
+                        {"hosts", v.hosts}, {"seq", v.seq}, {"op", v.op}, {"evidence", v.evidence}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  });
+  if (!c) {
+    std::fprintf(stderr, "trainsup_coordinator: %s\n", c.status().message().c_str());
+    return 1;
+  }
+  std::printf("%s\n", nlohmann::json({{"event", "listening"}, {"port", (*c)->port()}}).dump().c_str());
+  std::fflush(stdout);
+  // Until stdin closes (the harness ends) or a signal: wait on stdin.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread reader([] {
+    char buf[256];
+    while (::read(0, buf, sizeof(buf)) > 0) {
+    }
+    ::kill(::getpid(), SIGTERM);
+  });
+  reader.detach();
+  int sig = 0;
+  sigwait(&set, &sig);
+  (*c)->stop();
+  return 0;
+}
