@@ -110,6 +110,40 @@ TEST(TelemetryClientTest, AClientThatGoesAwayIsADeadRank) {
   coord->stop();
 }
 
+TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
+  Sink sink;
+  auto coord = coordinator(sink, 3);
+  std::vector<CollectiveTracker> trackers(3);
+  std::vector<std::promise<WireAbort>> orders(2);
+  std::vector<std::unique_ptr<TelemetryClient>> clients;
+  for (int r = 0; r < 3; ++r) {
+    TelemetryClientOptions o;
+    o.port = coord->port();
+    o.token = jobToken();
+    o.rank = r;
+    o.interval_s = 0.02;
+    if (r < 2) {
+      auto* p = &orders[r];
+      auto once = std::make_shared<std::once_flag>();
+      o.on_abort = [p, once](const WireAbort& a) { std::call_once(*once, [&] { p->set_value(a); }); };
+    }
+    clients.push_back(TelemetryClient::start(o, trackers[r]).value());
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (clients[2]->counters().frames_sent == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  clients[2].reset();  // rank 2 dies
+  for (int r = 0; r < 2; ++r) {
+    auto fut = orders[r].get_future();
+    ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "rank " << r;
+    WireAbort a = fut.get();
+    EXPECT_EQ(a.culprit_rank, 2);
+    EXPECT_STREQ(a.host, "node-2");
+    EXPECT_STREQ(a.kind, "dead_rank");
+  }
+  for (int r = 0; r < 2; ++r) clients[r]->stop();
+  coord->stop();
+}
+
 TEST(TelemetryClientTest, WithoutACoordinatorRecordsAreBoundedAndCounted) {
   CollectiveTracker t;
   TelemetryClientOptions o;

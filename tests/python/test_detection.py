@@ -108,5 +108,14 @@ def test_stopped_or_killed_rank_is_named_with_its_host(tmp_path, how):
         with job.lock:
             verdicts = [x for _, x in job.verdicts if x.get("event") == "verdict"]
         assert verdicts[0]["ranks"] == [2], verdicts
+        if how == "SIGSTOP":
+            # Acting on the verdict: the coordinator orders the others to abort, and they end
+            # with the documented code at once instead of waiting out gloo's 30-minute timeout.
+            for r in (0, 1, 3):
+                rc = job.ranks[r].wait(timeout=10)
+                assert rc == 94, (r, rc)
+            log = (tmp_path / "logs").glob("*-host-a-r0.log")
+            assert any("ABORT ordered by the job coordinator: verdict silent_rank on rank 2 (host host-c)"
+                       in p.read_text() for p in log)
     finally:
         job.close()

@@ -8,7 +8,8 @@
 // ranks its records name; when a connection closes, those ranks are reported to the detector
 // as disconnected (a crashed rank). Every evaluate_interval_s the detector is evaluated on the
 // coordinator's own monotonic clock and each new verdict goes to `on_verdict`, on the I/O
-// thread. stop() is idempotent and joins the thread; the destructor calls it.
+// thread. After the first verdict every connected rank is sent an abort frame naming the
+// culprit (abort_on_verdict). stop() is idempotent and joins the thread; the destructor calls it.
 #pragma once
 
 #include <functional>
@@ -26,6 +27,7 @@ struct CoordinatorOptions {
   std::string bind_address = "127.0.0.1";
   uint16_t port = 0;  // 0: pick a free port (see Coordinator::port())
   double evaluate_interval_s = 0.1;
+  bool abort_on_verdict = true;  // tell every connected rank to abort after the first verdict
 };
 
 class TRAINSUP_EXPORT Coordinator {

@@ -22,6 +22,11 @@ inline constexpr int kExitWatchdogUnresponsive = 92;
 // Restarting will not help: fix the setting.
 inline constexpr int kExitBadConfig = 93;
 
+// The job coordinator reached a verdict (another rank, or this one, hung, died or stalled)
+// and told every rank to abort; the rank log names the culprit and its host. Relaunch the job,
+// without the culprit's host.
+inline constexpr int kExitAborted = 94;
+
 // Human-readable name of one of the codes above ("stall", ...), or "unknown".
 TRAINSUP_EXPORT const char* exitCodeName(int code);
 

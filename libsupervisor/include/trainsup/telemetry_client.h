@@ -5,9 +5,11 @@
 // queued stall reports, in token-authenticated frames over TCP. It never blocks the training
 // loop: records wait in a bounded queue (`queue_capacity`; when the coordinator is slow or gone
 // the oldest are dropped and counted) and the connection is re-established every `interval_s`
-// until stop(). stop() is idempotent and joins the thread; the destructor calls it.
+// until stop(). Abort orders from the coordinator are read each interval and handed to
+// on_abort. stop() is idempotent and joins the thread; the destructor calls it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,6 +27,8 @@ struct TelemetryClientOptions {
   int rank = 0;
   double interval_s = 0.2;
   size_t queue_capacity = 16384;
+  // Called (on the client's thread) when the coordinator orders the job to abort.
+  std::function<void(const WireAbort&)> on_abort;
 };
 
 class TRAINSUP_EXPORT TelemetryClient {

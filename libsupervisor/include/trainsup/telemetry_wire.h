@@ -22,7 +22,7 @@ namespace trainsup {
 
 using JobToken = std::array<uint8_t, 16>;
 
-enum class WireType : uint16_t { kCollectives = 1, kHeartbeat = 2, kStall = 3 };
+enum class WireType : uint16_t { kCollectives = 1, kHeartbeat = 2, kStall = 3, kAbort = 4 };
 
 // One collective record of one rank (enter and, when known, exit).
 struct WireCollective {
@@ -46,11 +46,19 @@ struct WireStall {
   char section[32] = {};   // NUL-padded
 };
 
+// Coordinator -> ranks: a verdict was reached; abort the job now.
+struct WireAbort {
+  int32_t culprit_rank = -1;
+  char kind[24] = {};   // verdictKindName(), NUL-padded
+  char host[64] = {};   // the culprit's host, NUL-padded
+};
+
 struct WireMessage {
   WireType type = WireType::kHeartbeat;
   std::vector<WireCollective> collectives;
   std::vector<WireHeartbeat> heartbeats;
   std::vector<WireStall> stalls;
+  std::vector<WireAbort> aborts;
 };
 
 inline constexpr uint32_t kMaxPayload = 1u << 20;

@@ -1,6 +1,7 @@
 #include "trainsup/coordinator.h"
 
 #include <boost/asio.hpp>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -28,6 +29,9 @@ struct Coordinator::Impl {
 
   // I/O thread only.
   std::unique_ptr<Detector> detector;
+  std::vector<std::weak_ptr<class Connection>> connections;
+  bool aborted = false;
+  void broadcastAbort(const Verdict& v);
 
   mutable std::mutex counters_mu;
   Counters counters;  // guarded by counters_mu
@@ -45,8 +49,15 @@ namespace {
 
 int64_t nowNs() { return Clock::real().monotonicNow().count(); }
 
+}  // namespace
+
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
+  // Queues a frame to this peer (I/O thread).
+  void send(std::shared_ptr<std::string> frame) {
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(*frame), [self, frame](const boost::system::error_code&, size_t) {});
+  }
   Connection(tcp::socket socket, Coordinator::Impl* owner)
       : socket_(std::move(socket)), owner_(owner), decoder_(owner_->token) {}
   void read() {
@@ -103,14 +114,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::set<int> ranks_;
 };
 
-}  // namespace
-
 void Coordinator::Impl::accept() {
   Impl* self = this;
   acceptor.async_accept([self](const boost::system::error_code& ec, tcp::socket socket) {
     if (ec) return;  // acceptor closed
     self->count(&Counters::connections);
-    std::make_shared<Connection>(std::move(socket), self)->read();
+    auto conn = std::make_shared<Connection>(std::move(socket), self);
+    self->connections.push_back(conn);
+    conn->read();
     self->accept();
   });
 }
@@ -124,9 +135,27 @@ void Coordinator::Impl::tick() {
     for (const Verdict& v : self->detector->evaluate(nowNs())) {
       self->count(&Counters::verdicts);
       if (self->on_verdict) self->on_verdict(v);
+      if (!self->aborted && self->options.abort_on_verdict) self->broadcastAbort(v);
     }
     self->tick();
   });
+}
+
+// The first verdict ends the job: every rank still connected is told to abort, naming the
+// culprit, so that nobody waits out a collective timeout.
+void Coordinator::Impl::broadcastAbort(const Verdict& v) {
+  aborted = true;
+  WireMessage m;
+  m.type = WireType::kAbort;
+  WireAbort a;
+  a.culprit_rank = v.ranks.empty() ? -1 : v.ranks.front();
+  std::strncpy(a.kind, verdictKindName(v.kind), sizeof(a.kind) - 1);
+  if (!v.hosts.empty()) std::strncpy(a.host, v.hosts.front().c_str(), sizeof(a.host) - 1);
+  m.aborts.push_back(a);
+  auto frame = std::make_shared<std::string>(encodeFrame(m, token));
+  for (auto& weak : connections) {
+    if (auto c = weak.lock()) c->send(frame);
+  }
 }
 
 Result<std::unique_ptr<Coordinator>> Coordinator::start(std::vector<RankInfo> ranks, const JobToken& token,

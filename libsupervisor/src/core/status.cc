@@ -30,6 +30,7 @@ const char* exitCodeName(int code) {
     case kExitStall: return "stall";
     case kExitWatchdogUnresponsive: return "watchdog_unresponsive";
     case kExitBadConfig: return "bad_config";
+    case kExitAborted: return "aborted_by_verdict";
     default: return "unknown";
   }
 }

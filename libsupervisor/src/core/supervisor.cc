@@ -56,6 +56,7 @@ struct Supervisor::Impl {
   void onStall(const StallReport& r);
   void onUnresponsive(Nanos silent);
   void onAbortDeadline();
+  void onAbortOrder(const WireAbort& a);
   void emergency(const std::string& message, int code);
   void terminate(int code);
   ~Impl() {
@@ -213,6 +214,35 @@ void Supervisor::Impl::onStall(const StallReport& r) {
   watchdog->clearAbortDeadline();
 }
 
+// The coordinator's order to abort: bounded like a stall (the monitor enforces abort_grace_s),
+// abort callbacks run (e.g. NCCL communicator abort), then the process ends with kExitAborted.
+void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
+  watchdog->setAbortDeadline(clock->monotonicNow() + fromSeconds(config.abort_grace_s));
+  auto& log = *logger.logger;
+  log.error("ABORT ordered by the job coordinator: verdict {} on rank {} (host {}); exiting with code {} ({})", a.kind,
+            a.culprit_rank, a.host, kExitAborted, exitCodeName(kExitAborted));
+  events->write("abort_ordered", {{"verdict", std::string(a.kind)}, {"culprit_rank", a.culprit_rank},
+                                  {"culprit_host", std::string(a.host)}});
+  StallReport r;
+  r.section = "abort";
+  r.step = progress->snapshot().last_step;
+  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mu);
+    cbs = callbacks;
+  }
+  for (auto& [name, cb] : cbs) {
+    try {
+      cb(r);
+    } catch (const std::exception& e) {
+      log.error("abort callback '{}' threw: {}", name, e.what());
+    }
+  }
+  events->write("exit", {{"code", kExitAborted}, {"reason", exitCodeName(kExitAborted)}});
+  log.flush();
+  terminate(kExitAborted);
+}
+
 void Supervisor::Impl::onUnresponsive(Nanos silent) {
   emergency(fmt::format("FATAL: the trainsup watchdog thread has not run for {} s (heartbeat timeout {} s); "
                         "exiting with code {} ({})",
@@ -315,6 +345,8 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
     t.port = static_cast<uint16_t>(std::stoi(c.coordinator.substr(colon + 1)));
     t.token = *parseJobToken(c.job_token);
     t.rank = c.identity.rank;
+    Impl* mp = impl.get();
+    t.on_abort = [mp](const WireAbort& a) { mp->onAbortOrder(a); };
     auto client = TelemetryClient::start(t);
     if (!client) return client.status();
     impl->telemetry = std::move(*client);

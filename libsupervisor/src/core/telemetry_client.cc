@@ -34,6 +34,8 @@ struct TelemetryClient::Impl {
   std::set<uint64_t> sent_enter;      // open collectives already announced
   std::set<uint64_t> sent_done;       // completed ones already sent (>= next_seq)
   std::deque<WireCollective> pending; // records waiting for a connection
+  std::unique_ptr<FrameDecoder> inbound;  // frames from the coordinator
+  void receive();
 
   void loop();
   void pump();
@@ -99,6 +101,23 @@ bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
   return true;
 }
 
+// Orders from the coordinator, without blocking: only what has already arrived.
+void TelemetryClient::Impl::receive() {
+  if (!socket) return;
+  boost::system::error_code ec;
+  size_t n = socket->available(ec);
+  if (ec || n == 0) return;
+  std::vector<uint8_t> buf(std::min<size_t>(n, 1 << 16));
+  size_t got = socket->read_some(asio::buffer(buf), ec);
+  if (ec) return;
+  if (!inbound) inbound = std::make_unique<FrameDecoder>(options.token);
+  for (const auto& m : inbound->feed(buf.data(), got)) {
+    for (const auto& a : m.aborts) {
+      if (options.on_abort) options.on_abort(a);
+    }
+  }
+}
+
 void TelemetryClient::Impl::loop() {
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(options.interval_s));
@@ -132,6 +151,7 @@ void TelemetryClient::Impl::loop() {
       hb.heartbeats.push_back({options.rank, -1, Clock::real().monotonicNow().count()});
       ok = sendFrame(hb);
     }
+    if (ok) receive();
     if (!ok) socket.reset();  // reconnect next interval; pending records wait (bounded)
   }
 }

@@ -13,6 +13,7 @@ constexpr size_t kHeader = 4 + 2 + 2 + 4 + 16;
 constexpr size_t kCollectiveSize = 4 + 8 + 1 + 8 + 8 + 8;
 constexpr size_t kHeartbeatSize = 4 + 8 + 8;
 constexpr size_t kStallSize = 4 + 8 + 32;
+constexpr size_t kAbortSize = 4 + 24 + 64;
 
 template <class T>
 void put(std::string& out, T v) {
@@ -33,6 +34,7 @@ size_t recordSize(WireType t) {
     case WireType::kCollectives: return kCollectiveSize;
     case WireType::kHeartbeat: return kHeartbeatSize;
     case WireType::kStall: return kStallSize;
+    case WireType::kAbort: return kAbortSize;
   }
   return 0;
 }
@@ -73,6 +75,13 @@ std::string encodeFrame(const WireMessage& m, const JobToken& token) {
         payload.append(s.section, sizeof(s.section));
       }
       break;
+    case WireType::kAbort:
+      for (const auto& a : m.aborts) {
+        put(payload, a.culprit_rank);
+        payload.append(a.kind, sizeof(a.kind));
+        payload.append(a.host, sizeof(a.host));
+      }
+      break;
   }
   std::string out(reinterpret_cast<const char*>(kMagic), 4);
   put(out, kVersion);
@@ -110,7 +119,7 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
       pos += 4;
       continue;
     }
-    size_t rs = type >= 1 && type <= 3 ? recordSize(static_cast<WireType>(type)) : 0;
+    size_t rs = type >= 1 && type <= 4 ? recordSize(static_cast<WireType>(type)) : 0;
     if (rs == 0) {
       ++counters_.bad_type;
       pos += 4;
@@ -147,6 +156,16 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
         hb.step = get<int64_t>(q);
         hb.sent_ns = get<int64_t>(q);
         m.heartbeats.push_back(hb);
+      } else if (m.type == WireType::kAbort) {
+        WireAbort a;
+        a.culprit_rank = get<int32_t>(q);
+        std::memcpy(a.kind, q, sizeof(a.kind));
+        a.kind[sizeof(a.kind) - 1] = '\0';
+        q += sizeof(a.kind);
+        std::memcpy(a.host, q, sizeof(a.host));
+        a.host[sizeof(a.host) - 1] = '\0';
+        q += sizeof(a.host);
+        m.aborts.push_back(a);
       } else {
         WireStall s;
         s.rank = get<int32_t>(q);
