@@ -1,6 +1,7 @@
 // The coordinator over real loopback TCP: ranks (as threads) send token-authenticated
 // telemetry; a rank that stops, or whose connection closes, is named with its host.
 #include "trainsup/coordinator.h"
+#include "verdict_sink.h"
 
 #include <gtest/gtest.h>
 
@@ -27,22 +28,7 @@ std::vector<RankInfo> ranks(int n) {
   return r;
 }
 
-struct Verdicts {
-  std::mutex mu;
-  std::vector<Verdict> all;
-  std::promise<Verdict> first;
-  bool got = false;
-  Coordinator::OnVerdict callback() {
-    return [this](const Verdict& v) {
-      std::lock_guard<std::mutex> lock(mu);
-      all.push_back(v);
-      if (!got) {
-        got = true;
-        first.set_value(v);
-      }
-    };
-  }
-};
+using Verdicts = testing::VerdictSink;
 
 void send(tcp::socket& s, const WireMessage& m, const JobToken& token) {
   std::string frame = encodeFrame(m, token);

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "trainsup/coordinator.h"
+#include "verdict_sink.h"
 
 namespace trainsup {
 namespace {
@@ -19,22 +20,7 @@ JobToken jobToken() {
   return t;
 }
 
-struct Sink {
-  std::mutex mu;
-  std::vector<Verdict> all;
-  std::promise<Verdict> first;
-  bool got = false;
-  Coordinator::OnVerdict callback() {
-    return [this](const Verdict& v) {
-      std::lock_guard<std::mutex> lock(mu);
-      all.push_back(v);
-      if (!got) {
-        got = true;
-        first.set_value(v);
-      }
-    };
-  }
-};
+using Sink = testing::VerdictSink;
 
 std::unique_ptr<Coordinator> coordinator(Sink& sink, int world) {
   std::vector<RankInfo> ranks;

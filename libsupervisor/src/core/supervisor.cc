@@ -57,6 +57,7 @@ struct Supervisor::Impl {
   void onUnresponsive(Nanos silent);
   void onAbortDeadline();
   void onAbortOrder(const WireAbort& a);
+  void runAbortCallbacks(const StallReport& r);
   void emergency(const std::string& message, int code);
   void terminate(int code);
   ~Impl() {
@@ -102,6 +103,27 @@ void Supervisor::Impl::emergency(const std::string& message, int code) {
     done.wait_for(std::chrono::milliseconds(100));
   }
   terminate(code);
+}
+
+// Registered abort callbacks, in order, each guarded and recorded (stall exit and abort order).
+void Supervisor::Impl::runAbortCallbacks(const StallReport& r) {
+  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
+  {
+    std::lock_guard<std::mutex> lock(callbacks_mu);
+    cbs = callbacks;
+  }
+  for (auto& [name, cb] : cbs) {
+    std::string error;
+    try {
+      cb(r);
+    } catch (const std::exception& e) {
+      error = e.what();
+    } catch (...) {
+      error = "unknown exception";
+    }
+    if (!error.empty()) logger.logger->error("abort callback '{}' threw: {}", name, error);
+    events->write("abort_callback", {{"name", name}, {"ok", error.empty()}, {"error", error}});
+  }
 }
 
 void Supervisor::Impl::onTick() {
@@ -187,23 +209,7 @@ void Supervisor::Impl::onStall(const StallReport& r) {
     return;
   }
 
-  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
-  {
-    std::lock_guard<std::mutex> lock(callbacks_mu);
-    cbs = callbacks;
-  }
-  for (auto& [name, cb] : cbs) {
-    std::string error;
-    try {
-      cb(r);
-    } catch (const std::exception& e) {
-      error = e.what();
-    } catch (...) {
-      error = "unknown exception";
-    }
-    if (!error.empty()) log.error("abort callback '{}' threw: {}", name, error);
-    events->write("abort_callback", {{"name", name}, {"ok", error.empty()}, {"error", error}});
-  }
+  runAbortCallbacks(r);
   Nanos took = clock->monotonicNow() - start;
   log.error("exiting with code {} ({}) {} s after the stall was detected", kExitStall, exitCodeName(kExitStall),
             seconds(took));
@@ -226,18 +232,7 @@ void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
   StallReport r;
   r.section = "abort";
   r.step = progress->snapshot().last_step;
-  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
-  {
-    std::lock_guard<std::mutex> lock(callbacks_mu);
-    cbs = callbacks;
-  }
-  for (auto& [name, cb] : cbs) {
-    try {
-      cb(r);
-    } catch (const std::exception& e) {
-      log.error("abort callback '{}' threw: {}", name, e.what());
-    }
-  }
+  runAbortCallbacks(r);
   events->write("exit", {{"code", kExitAborted}, {"reason", exitCodeName(kExitAborted)}});
   log.flush();
   terminate(kExitAborted);
