@@ -78,6 +78,9 @@ def main():
     if args.checkpoint_every is not None:
         settings["checkpoint_every_steps"] = args.checkpoint_every
     with trainsup.Supervisor(**settings) as sup:
+        # With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped the snapshot copy runs beside the next
+        # forward/backward; the guarded optimizer step waits for it before changing parameters.
+        sup.guard_optimizer(optimizer)
         sup.restore(state)
         start = state["next_step"]
         if start:

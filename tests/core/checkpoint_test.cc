@@ -396,6 +396,46 @@ TEST(CheckpointPolicyTest, BusySkipIsRecordedAndWaitWaits) {
   }
 }
 
+// Overlapped mode: save() returns before the copy; after awaitSnapshot() the trainer may change
+// the state, and the checkpoint still holds the values of the save. (Under ThreadSanitizer a
+// missing happens-before between the writer's copy and these writes is reported as a race.)
+TEST(CheckpointPolicyTest, OverlappedSnapshotHoldsTheStateOfTheSave) {
+  std::string dir = freshDir("overlapped");
+  Events ev;
+  CheckpointOptions o = opts(dir);
+  o.snapshot = SnapshotMode::kOverlapped;
+  o.busy_policy = BusyPolicy::kWait;
+  auto c = make(o, FileSystem::posix(), ev);
+  const size_t n = size_t{8} << 20;  // 32 MiB of weights: the copy takes a while
+  State live(1, n);
+  const State at_save_1 = live;
+  ASSERT_EQ(*c->save(1, live.collect(1)), Checkpointer::Outcome::kStarted);
+  EXPECT_TRUE(c->snapshotOutstanding());
+  ASSERT_TRUE(c->awaitSnapshot().isOk());
+  EXPECT_FALSE(c->snapshotOutstanding());
+  EXPECT_EQ(ev.count("checkpoint_snapshot"), 1);
+  // The optimizer step: every saved buffer changes in place.
+  std::fill(live.weights.begin(), live.weights.end(), -1.0f);
+  std::fill(live.counters.begin(), live.counters.end(), -1);
+  const State at_save_2 = live;
+  // Not awaited by the caller: the next save awaits it itself.
+  ASSERT_EQ(*c->save(2, live.collect(2)), Checkpointer::Outcome::kStarted);
+  ASSERT_TRUE(c->waitIdle(seconds(60)).isOk());
+  EXPECT_EQ(ev.count("checkpoint_snapshot"), 2);
+  EXPECT_EQ(c->stats().committed, 2);
+  EXPECT_GT(c->stats().last_stall_s, 0);
+
+  // Both checkpoints hold exactly the state at their save.
+  State restored(0, n);
+  ASSERT_EQ(**c->restore(restored.load()), 2);
+  EXPECT_TRUE(restored == at_save_2);
+  ASSERT_TRUE(std::filesystem::remove_all(c->stepDir(2)) > 0);
+  State older(0, n);
+  auto c2 = make(o, FileSystem::posix(), ev);
+  ASSERT_EQ(**c2->restore(older.load()), 1);
+  EXPECT_TRUE(older == at_save_1);
+}
+
 TEST(CheckpointPolicyTest, IntervalAndEveryNStepsWithAnInjectedClock) {
   ManualClock clock;
   Events ev;

@@ -109,6 +109,15 @@ TEST(ConfigTest, NegativeValuesNameTheVariable) {
 TEST(ConfigTest, UnknownEnumWordsNameTheVariable) {
   expectBad({{"TRAINSUP_LOG_LEVEL", "loud"}}, "TRAINSUP_LOG_LEVEL", "'loud'");
   expectBad({{"TRAINSUP_STALL_ACTION", "reboot"}}, "TRAINSUP_STALL_ACTION", "'reboot'");
+  expectBad({{"TRAINSUP_CHECKPOINT_BUSY_POLICY", "queue"}}, "TRAINSUP_CHECKPOINT_BUSY_POLICY", "'queue'");
+  expectBad({{"TRAINSUP_CHECKPOINT_SNAPSHOT", "lazy"}}, "TRAINSUP_CHECKPOINT_SNAPSHOT", "'lazy'");
+}
+
+TEST(ConfigTest, ReadsCheckpointSnapshotMode) {
+  EXPECT_EQ(load({})->checkpoint.snapshot, SnapshotMode::kBlocking);
+  auto c = load({{"TRAINSUP_CHECKPOINT_SNAPSHOT", "overlapped"}});
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  EXPECT_EQ(c->checkpoint.snapshot, SnapshotMode::kOverlapped);
 }
 
 TEST(ConfigTest, CrossFieldRules) {

@@ -85,7 +85,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_ddp(tmp_path, tag, world, extra, expect_kill=False):
+def _run_ddp(tmp_path, tag, world, extra, expect_kill=False, snapshot="blocking"):
     port = _free_port()
     procs = []
     for rank in range(world):
@@ -93,7 +93,7 @@ def _run_ddp(tmp_path, tag, world, extra, expect_kill=False):
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TRAINSUP_LOG_DIR=str(tmp_path / tag / "logs"), TRAINSUP_CHECKPOINT_DIR=str(tmp_path / tag / "ckpt"),
                    TRAINSUP_NODE_NAME=f"host{rank}", TRAINSUP_JOB_ID=tag, TRAINSUP_LOG_STDERR="0",
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+                   TRAINSUP_CHECKPOINT_SNAPSHOT=snapshot, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         procs.append(subprocess.Popen([sys.executable, TRAIN_DDP] + extra, env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = []
@@ -116,14 +116,19 @@ def _run_ddp(tmp_path, tag, world, extra, expect_kill=False):
     return outs
 
 
-def test_ddp_interrupted_and_resumed_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("snapshot", ["blocking", "overlapped"])
+def test_ddp_interrupted_and_resumed_equals_uninterrupted(tmp_path, snapshot):
     world = 2
     _run_ddp(tmp_path, "clean", world, ["--steps", "30", "--checkpoint-every", "10", "--out", str(tmp_path / "clean.pt")])
     # Kill both ranks after step 24 (rank 0 by its own SIGKILL; the job then dies), then rerun.
+    # Overlapped: the copy runs beside the next step and the guarded optimizer step waits for it.
     port_run = ["--steps", "30", "--checkpoint-every", "10"]
-    _run_ddp(tmp_path, "crashed", world, port_run + ["--crash-at-step", "24"], expect_kill=True)
-    _run_ddp(tmp_path, "crashed", world, port_run + ["--out", str(tmp_path / "resumed.pt")])
+    _run_ddp(tmp_path, "crashed", world, port_run + ["--crash-at-step", "24"], expect_kill=True, snapshot=snapshot)
+    _run_ddp(tmp_path, "crashed", world, port_run + ["--out", str(tmp_path / "resumed.pt")], snapshot=snapshot)
     logs = tmp_path / "crashed" / "logs"
+    if snapshot == "overlapped":
+        events = (logs / "crashed-host0-r0.events.jsonl").read_text()
+        assert '"mode":"overlapped"' in events, events[-2000:]
     log0 = (logs / "crashed-host0-r0.log").read_text()
     assert "resumed at step 21" in log0 or "resumed at step 11" in log0, log0
     clean = torch.load(tmp_path / "clean.pt")

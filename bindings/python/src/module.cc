@@ -211,7 +211,9 @@ std::string outcomeName(Checkpointer::Outcome o) {
 
 // collect() returns (buffers, metadata); buffers are (name, dtype, shape, address, nbytes,
 // device) tuples whose memory the Python side keeps alive until save() returns.
-std::string save(Supervisor& sup, int64_t step, const py::function& collect, bool now) {
+// Returns (outcome, error of an earlier background persist or ""): a failed persist (a full
+// disk) fails that checkpoint only, so Python gets a warning, not an exception.
+std::pair<std::string, std::string> save(Supervisor& sup, int64_t step, const py::function& collect, bool now) {
   py::object keep;  // the Python result, alive until the copy is done
   Checkpointer::Collect c = [&](std::vector<BufferRef>& buffers, std::map<std::string, std::string>& meta) -> Status {
     py::gil_scoped_acquire gil;
@@ -238,13 +240,19 @@ std::string save(Supervisor& sup, int64_t step, const py::function& collect, boo
     }
   };
   Result<Checkpointer::Outcome> r = Status::internal("unset");
+  Status earlier;
   {
     py::gil_scoped_release release;
+    auto ckpt = sup.checkpointer();
+    if (ckpt) {
+      (*ckpt)->awaitSnapshot();  // an outstanding copy may still fail that persist
+      earlier = (*ckpt)->takeError();
+    }
     r = now ? sup.checkpoint(step, c) : sup.maybeCheckpoint(step, c);
   }
   keep = py::object();
   if (!r) throw std::runtime_error(r.status().toString());
-  return outcomeName(*r);
+  return {outcomeName(*r), earlier.isOk() ? std::string() : earlier.toString()};
 }
 
 std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
@@ -374,6 +382,18 @@ PYBIND11_MODULE(_trainsup, m) {
       }, py::arg("channel"))
       .def("save", &save, py::arg("step"), py::arg("collect"), py::arg("now"))
       .def("restore", &restore, py::arg("load"))
+      .def("await_snapshot", [](Supervisor& s) {
+        Status st;
+        {
+          py::gil_scoped_release release;
+          st = s.awaitSnapshot();
+        }
+        return st.isOk() ? std::string() : st.toString();
+      })
+      .def_property_readonly("snapshot_outstanding", [](Supervisor& s) {
+        auto c = s.checkpointer();
+        return c.isOk() && (*c)->snapshotOutstanding();
+      })
       .def_property_readonly("host", [](Supervisor& s) { return s.identity().host; })
       .def_property_readonly("rank", [](Supervisor& s) { return s.identity().rank; })
       .def_property_readonly("world_size", [](Supervisor& s) { return s.identity().world_size; })

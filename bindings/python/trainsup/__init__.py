@@ -15,6 +15,8 @@ host-attributed logs, the event log, and asynchronous verified checkpoints.
             sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
 """
 import atexit
+import functools
+import warnings
 import weakref
 
 from . import _trainsup
@@ -42,6 +44,7 @@ _SETTINGS = {
     "checkpoint_dir": "TRAINSUP_CHECKPOINT_DIR", "checkpoint_interval_s": "TRAINSUP_CHECKPOINT_INTERVAL_S",
     "checkpoint_every_steps": "TRAINSUP_CHECKPOINT_EVERY_STEPS", "checkpoint_keep": "TRAINSUP_CHECKPOINT_KEEP",
     "checkpoint_busy_policy": "TRAINSUP_CHECKPOINT_BUSY_POLICY",
+    "checkpoint_snapshot": "TRAINSUP_CHECKPOINT_SNAPSHOT",
     "checkpoint_commit_timeout_s": "TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", "mtbf_s": "TRAINSUP_MTBF_S",
     "coordinator": "TRAINSUP_COORDINATOR", "job_token": "TRAINSUP_JOB_TOKEN",
 }
@@ -68,6 +71,7 @@ class Supervisor:
         _live.add(self)
         self._include_rng = include_rng
         self._checkpoints = False
+        self._snapshot_alive = None
 
     # --- checkpoints: collective calls, every rank at the same steps ---
     def _ensure_checkpoints(self):
@@ -93,7 +97,39 @@ class Supervisor:
             keep.append(alive)
             return buffers, metadata
 
-        return self._sup.save(int(step), collect, now)
+        outcome, earlier = self._sup.save(int(step), collect, now)
+        # Overlapped snapshots read the tensors after save() returns: keep them (and the RNG
+        # copies made for this save) alive until the copy is done.
+        self._snapshot_alive = keep if self._sup.snapshot_outstanding else None
+        if earlier:
+            warnings.warn(f"trainsup: an earlier checkpoint failed (training continues): {earlier}",
+                          RuntimeWarning, stacklevel=3)
+        return outcome
+
+    def await_snapshot(self):
+        """With checkpoint_snapshot="overlapped": waits until the last checkpoint's copy of the
+        state is done; call it before the state next changes (guard_optimizer does it for the
+        optimizer step). Returns at once when nothing is outstanding."""
+        if not self._checkpoints:
+            return
+        error = self._sup.await_snapshot()
+        self._snapshot_alive = None
+        if error:
+            warnings.warn(f"trainsup: checkpoint snapshot failed (training continues): {error}",
+                          RuntimeWarning, stacklevel=2)
+
+    def guard_optimizer(self, optimizer):
+        """Makes optimizer.step() call await_snapshot() first, so that an overlapped snapshot
+        never sees a half-updated state. Returns the optimizer."""
+        inner = optimizer.step
+
+        @functools.wraps(inner)
+        def step(*args, **kwargs):
+            self.await_snapshot()
+            return inner(*args, **kwargs)
+
+        optimizer.step = step
+        return optimizer
 
     def maybe_checkpoint(self, step, state):
         """Checkpoints `state` if one is due (interval or every-N-steps); returns 'started',

@@ -20,7 +20,16 @@
 // restore() takes the newest checkpoint that verifies on every rank, skipping each invalid
 // one with a "checkpoint_skipped" event naming the file and the reason.
 //
-// Threads: save/maybeSave/restore/takeError/waitIdle are for the training thread; stats() and
+// Overlapped snapshots (CheckpointOptions::snapshot = kOverlapped): save() only collects the
+// buffers and returns; the writer thread copies them into staging memory while the training
+// runs its next forward/backward, which read but do not modify the state. The caller must
+// call awaitSnapshot() before it next modifies any saved buffer (before the optimizer step;
+// also before a forward pass that updates saved buffers in place, such as batch-norm running
+// statistics) and keep the buffers alive until then. maybeSave/save/restore/waitIdle await an
+// outstanding snapshot first. The stall recorded is the time spent in save() plus the time
+// blocked in awaitSnapshot().
+//
+// Threads: save/maybeSave/restore/takeError/waitIdle/awaitSnapshot are for the training thread; stats() and
 // the destructor may be called from any thread. The destructor waits for an in-flight persist.
 #pragma once
 
@@ -66,6 +75,11 @@ class TRAINSUP_EXPORT Checkpointer {
   // Saves now (collective), subject to the busy policy. kNotDue for a step at or below the last
   // one saved or restored (a committed checkpoint is never rewritten in place).
   Result<Outcome> save(int64_t step, const Collect& collect);
+  // Overlapped mode: blocks until the snapshot taken by the last save() is copied, after which
+  // the state may change. Returns that copy's error (the checkpoint then fails). OK at once
+  // when nothing is outstanding (always in blocking mode).
+  Status awaitSnapshot();
+  bool snapshotOutstanding() const;
   // Waits until no persist is in flight; returns that persist's error if it failed.
   Status waitIdle(Nanos timeout);
   // The first persist error since the last call, or OK.
@@ -82,7 +96,7 @@ class TRAINSUP_EXPORT Checkpointer {
   struct Stats {
     int64_t started = 0, committed = 0, failed = 0, skipped_busy = 0;
     int64_t last_committed_step = -1;
-    double last_stall_s = 0;     // snapshot time of the last save
+    double last_stall_s = 0;     // time the training thread was held by the last snapshot
     double last_persist_s = 0;   // write + commit time of the last committed checkpoint
     uint64_t last_bytes = 0;
     double young_daly_s = 0;     // sqrt(2 x stall x MTBF); 0 until both are known

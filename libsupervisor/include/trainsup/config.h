@@ -66,6 +66,12 @@ enum class BusyPolicy {
   kWait,  // ...or the training thread waits for the previous persist to finish
 };
 TRAINSUP_EXPORT const char* busyPolicyName(BusyPolicy policy);
+enum class SnapshotMode {
+  kBlocking,    // save() returns once the state is copied to staging memory (safe by default)
+  kOverlapped,  // save() returns at once; the copy runs beside the next forward/backward and
+                // the training thread calls awaitSnapshot() before it next modifies the state
+};
+TRAINSUP_EXPORT const char* snapshotModeName(SnapshotMode mode);
 
 struct CheckpointOptions {
   std::string dir = "checkpoints";          // TRAINSUP_CHECKPOINT_DIR
@@ -73,6 +79,7 @@ struct CheckpointOptions {
   int64_t every_steps = 0;                  // TRAINSUP_CHECKPOINT_EVERY_STEPS (0 = off)
   int keep = 3;                             // TRAINSUP_CHECKPOINT_KEEP (>= 1)
   BusyPolicy busy_policy = BusyPolicy::kSkip;  // TRAINSUP_CHECKPOINT_BUSY_POLICY
+  SnapshotMode snapshot = SnapshotMode::kBlocking;  // TRAINSUP_CHECKPOINT_SNAPSHOT
   double commit_timeout_s = 600;            // TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S
   double mtbf_s = 0;                        // TRAINSUP_MTBF_S (0 = unknown)
   int sync_steps = 10;                      // TRAINSUP_CHECKPOINT_SYNC_STEPS: initial decision spacing

@@ -30,8 +30,15 @@ TRAINSUP_EXPORT Result<GpuInfo> describeLocalGpu(int local_rank);
 TRAINSUP_EXPORT bool pinHostMemory(void* p, size_t n);
 TRAINSUP_EXPORT void unpinHostMemory(void* p);
 
+// Waits until all work queued on CUDA device `device` is done, so that its memory holds the
+// values the training thread has asked for. Unavailable without the CUDA layer.
+TRAINSUP_EXPORT Status synchronizeDevice(int device);
+
 // Copies n bytes from memory of CUDA device `device` to host memory and waits for the copy.
-// Unavailable without the CUDA layer; IoError naming the CUDA error otherwise.
+// The copy runs on a non-blocking stream owned by the calling thread, so it neither waits for
+// nor delays the training's own streams: call synchronizeDevice() first (on any thread) when
+// the source was written by queued work. Unavailable without the CUDA layer; IoError naming
+// the CUDA error otherwise.
 TRAINSUP_EXPORT Status copyDeviceToHost(void* dst, const void* src, size_t n, int device);
 
 }  // namespace trainsup

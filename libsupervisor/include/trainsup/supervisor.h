@@ -116,6 +116,10 @@ class TRAINSUP_EXPORT Supervisor {
   // every rank takes the same decisions. Requires checkpointer() to have succeeded.
   Result<Checkpointer::Outcome> maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect);
   Result<Checkpointer::Outcome> checkpoint(int64_t step, const Checkpointer::Collect& collect);
+  // With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped: call before the state is next modified
+  // (before the optimizer step); waits for the snapshot copy (timed as section "checkpoint").
+  // OK at once when no snapshot is outstanding or checkpoints are not set up.
+  Status awaitSnapshot();
   // Restores the newest valid checkpoint (timed as section "restore"); nullopt when none.
   Result<std::optional<int64_t>> restore(const Checkpointer::Load& load);
 

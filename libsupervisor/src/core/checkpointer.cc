@@ -30,24 +30,46 @@ Nanos remaining(Nanos deadline) {
 
 constexpr size_t kCopyPiece = size_t{16} << 20;
 
-// The stall is a memory copy; one core rarely saturates memory bandwidth, so large snapshots
-// are copied by up to 4 threads (the caller is one of them).
-template <class Piece>
-void parallelCopy(const std::vector<Piece>& pieces) {
-  size_t total = 0;
-  for (const auto& p : pieces) total += p.n;
+// One copy of a snapshot: host memory (a piece of at most kCopyPiece bytes, so that several
+// threads can share one large tensor) or a whole buffer on CUDA device `device`.
+struct CopyPiece {
+  uint8_t* dst;
+  const uint8_t* src;
+  size_t n;
+  int device;    // -1: host memory
+  size_t buffer; // index into the job's buffers, for error messages
+};
+
+// Copies every piece: device buffers one by one (each is one DMA transfer), host pieces by up
+// to `max_threads` threads (the caller is one of them); one core rarely saturates memory
+// bandwidth. Returns the first failure, naming the tensor.
+Status runCopies(const std::vector<CopyPiece>& pieces, const std::vector<BufferRef>& buffers, unsigned max_threads) {
+  size_t total = 0, host_pieces = 0;
+  for (const auto& p : pieces) {
+    if (p.device >= 0) {
+      if (Status s = copyDeviceToHost(p.dst, p.src, p.n, p.device); !s.isOk()) {
+        return Status(s.code(), "checkpoint tensor '" + buffers[p.buffer].meta.name + "': " + s.message());
+      }
+      continue;
+    }
+    total += p.n;
+    ++host_pieces;
+  }
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-  unsigned threads = static_cast<unsigned>(std::min<size_t>({4, hw, pieces.size(), total / (size_t{64} << 20) + 1}));
+  unsigned threads = static_cast<unsigned>(
+      std::min<size_t>({size_t{max_threads}, hw, host_pieces, total / (size_t{64} << 20) + 1}));
+  threads = std::max(threads, 1u);
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
-      std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
+      if (pieces[i].device < 0) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
     }
   };
   std::vector<std::thread> helpers;
   for (unsigned t = 1; t < threads; ++t) helpers.emplace_back(work);
   work();
   for (auto& h : helpers) h.join();
+  return Status::ok();
 }
 
 // Staging memory: page-locked when a GPU is there (fast device-to-host copies), always freed
@@ -95,12 +117,26 @@ struct Checkpointer::Impl {
     std::map<std::string, std::string> metadata;
     uint64_t bytes = 0;
     double stall_s = 0;
+    // Overlapped snapshots: the copies the writer thread makes before it persists.
+    bool overlapped = false;
+    std::vector<CopyPiece> copies;
+    Status copy_status;  // a failed copy fails the persist (reported to rank 0 like a write error)
   };
+
+  // Overlapped snapshot taken by save() and not yet awaited (training thread only).
+  bool snapshot_outstanding = false;
+  int64_t outstanding_step = 0;
+  uint64_t outstanding_bytes = 0;
+  double outstanding_save_s = 0;    // time the save call itself took
+  double outstanding_waited_s = 0;  // ...of which waiting for the previous persist
 
   mutable std::mutex mu;
   std::condition_variable cv;
   bool busy = false;                // guarded by mu: a job is queued or persisting
   bool stopping = false;            // guarded by mu
+  bool snapshot_pending = false;    // guarded by mu: the writer is copying an overlapped snapshot
+  Status snapshot_status;           // guarded by mu: how that copy ended
+  double snapshot_copy_s = 0;       // guarded by mu: how long it took
   std::optional<Job> job;           // guarded by mu
   Status bg_error;                  // guarded by mu: first unreported persist error
   Status last_persist;              // guarded by mu
@@ -133,6 +169,7 @@ struct Checkpointer::Impl {
   Result<Action> decide(int64_t step, bool explicit_save);
   Result<Outcome> snapshot(int64_t step, int64_t seq, const Collect& collect);
   Result<Outcome> snapshotOrReport(int64_t step, int64_t seq, const Collect& collect);
+  Status awaitSnapshot();
   void writerLoop();
   void persist(Job& job);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
@@ -225,8 +262,12 @@ Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool
   return Action::kNone;
 }
 
+Status Checkpointer::awaitSnapshot() { return impl_->awaitSnapshot(); }
+bool Checkpointer::snapshotOutstanding() const { return impl_->snapshot_outstanding; }
+
 Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collect& collect) {
   Impl& m = *impl_;
+  m.awaitSnapshot();  // a copy failure is reported by the persist (takeError)
   bool decision_point = m.identity.world_size == 1 || step >= m.next_decision_step ||
                         (m.options.every_steps > 0 && step > 0 && step % m.options.every_steps == 0);
   if (!decision_point) return Outcome::kNotDue;
@@ -250,6 +291,7 @@ Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collec
 
 Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& collect) {
   Impl& m = *impl_;
+  m.awaitSnapshot();
   auto action = m.decide(step, /*explicit_save=*/true);
   if (!action) return action.status();
   if (*action == Impl::Action::kSkip) {
@@ -304,36 +346,40 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
   j.step = step;
   j.seq = seq;
   j.metadata = std::move(metadata);
-  struct Piece {
-    uint8_t* dst;
-    const uint8_t* src;
-    size_t n;
-  };
-  std::vector<Piece> pieces;
+  std::vector<CopyPiece> pieces;
+  std::vector<int> devices;
   size_t off = 0;
   for (const auto& b : sources) {
     BufferRef staged = b;
     staged.data = arena.get() + off;
     staged.device = -1;
+    const size_t index = j.buffers.size();
     if (b.device >= 0) {
       // GPU memory: one device-to-host copy straight into (pinned) staging memory.
-      if (Status s = copyDeviceToHost(arena.get() + off, b.data, b.nbytes, b.device); !s.isOk()) {
-        return Status(s.code(), "checkpoint tensor '" + b.meta.name + "': " + s.message());
+      pieces.push_back({arena.get() + off, static_cast<const uint8_t*>(b.data), b.nbytes, b.device, index});
+      if (std::find(devices.begin(), devices.end(), b.device) == devices.end()) devices.push_back(b.device);
+    } else {
+      for (size_t p = 0; p < b.nbytes; p += kCopyPiece) {
+        pieces.push_back({arena.get() + off + p, static_cast<const uint8_t*>(b.data) + p,
+                          std::min(kCopyPiece, b.nbytes - p), -1, index});
       }
-      j.buffers.push_back(std::move(staged));
-      off += alignUp(b.nbytes);
-      j.bytes += b.nbytes;
-      continue;
-    }
-    // 16 MiB pieces, so that several threads can share one large tensor.
-    for (size_t p = 0; p < b.nbytes; p += kCopyPiece) {
-      pieces.push_back({arena.get() + off + p, static_cast<const uint8_t*>(b.data) + p, std::min(kCopyPiece, b.nbytes - p)});
     }
     j.buffers.push_back(std::move(staged));
     off += alignUp(b.nbytes);
     j.bytes += b.nbytes;
   }
-  parallelCopy(pieces);
+  // The copies run on streams of their own: first let the device finish the queued work that
+  // produces the values being saved (the end of this step).
+  for (int d : devices) {
+    if (Status s = synchronizeDevice(d); !s.isOk()) return Status(s.code(), "checkpoint snapshot: " + s.message());
+  }
+  const bool overlapped = options.snapshot == SnapshotMode::kOverlapped;
+  if (overlapped) {
+    j.overlapped = true;
+    j.copies = std::move(pieces);
+  } else if (Status s = runCopies(pieces, j.buffers, 4); !s.isOk()) {
+    return s;
+  }
   j.stall_s = toSeconds(clock->monotonicNow() - start);
   last_save_time = clock->monotonicNow();
   last_snapshot_step = step;
@@ -344,12 +390,51 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
     busy = true;
     job = std::move(j);
     ++stats.started;
+    if (overlapped) {
+      snapshot_pending = true;
+      snapshot_status = Status::ok();
+    } else {
+      stats.last_stall_s = stall;
+      if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall * options.mtbf_s);
+    }
+  }
+  cv.notify_all();
+  if (overlapped) {
+    snapshot_outstanding = true;
+    outstanding_step = step;
+    outstanding_bytes = bytes;
+    outstanding_save_s = stall + waited_s;
+    outstanding_waited_s = waited_s;
+  } else {
+    event("checkpoint_snapshot", {{"step", step}, {"bytes", bytes}, {"stall_s", stall}, {"waited_s", waited_s},
+                                  {"mode", "blocking"}});
+  }
+  return Outcome::kStarted;
+}
+
+Status Checkpointer::Impl::awaitSnapshot() {
+  if (!snapshot_outstanding) return Status::ok();
+  snapshot_outstanding = false;
+  const Nanos start = clock->monotonicNow();
+  Status copied;
+  double copy_s = 0;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return !snapshot_pending; });
+    copied = snapshot_status;
+    copy_s = snapshot_copy_s;
+  }
+  const double blocked_s = toSeconds(clock->monotonicNow() - start);
+  const double stall = outstanding_save_s + blocked_s;
+  {
+    std::lock_guard<std::mutex> lock(mu);
     stats.last_stall_s = stall;
     if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall * options.mtbf_s);
   }
-  cv.notify_all();
-  event("checkpoint_snapshot", {{"step", step}, {"bytes", bytes}, {"stall_s", stall}, {"waited_s", waited_s}});
-  return Outcome::kStarted;
+  event("checkpoint_snapshot", {{"step", outstanding_step}, {"bytes", outstanding_bytes}, {"stall_s", stall},
+                                {"waited_s", outstanding_waited_s}, {"mode", "overlapped"}, {"copy_s", copy_s},
+                                {"blocked_s", blocked_s}, {"ok", copied.isOk()}, {"error", copied.message()}});
+  return copied;
 }
 
 void Checkpointer::Impl::writerLoop() {
@@ -361,6 +446,20 @@ void Checkpointer::Impl::writerLoop() {
       if (!job) return;  // stopping with nothing queued
       j = std::move(*job);
       job.reset();
+    }
+    if (j.overlapped) {
+      // Fewer threads than a blocking copy: this one runs beside the training's own compute.
+      const Nanos copy_start = clock->monotonicNow();
+      Status copied = runCopies(j.copies, j.buffers, std::max(1u, std::thread::hardware_concurrency() / 4));
+      j.copies.clear();
+      j.copy_status = copied;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        snapshot_pending = false;
+        snapshot_status = copied;
+        snapshot_copy_s = toSeconds(clock->monotonicNow() - copy_start);
+      }
+      cv.notify_all();
     }
     try {
       persist(j);
@@ -387,7 +486,8 @@ void Checkpointer::Impl::persist(Job& j) {
   const std::string dir = stepDir(j.step);
   const std::string prefix = key_base + "/save/" + std::to_string(j.seq);
   ShardInfo mine;
-  Status s = fs->createDirs(dir);
+  Status s = j.copy_status;
+  if (s.isOk()) s = fs->createDirs(dir);
   if (s.isOk()) s = writeShard(*fs, dir, identity.rank, identity.world_size, j.step, j.buffers, &mine);
   // Report to rank 0 either way, so it does not wait for a shard that will never come.
   std::string report = s.isOk() ? "ok " + std::to_string(mine.file_size) + " " + std::to_string(mine.index_xxh3)
@@ -499,6 +599,7 @@ void Checkpointer::Impl::applyRetention(int64_t committed_step) {
 }
 
 Status Checkpointer::waitIdle(Nanos timeout) {
+  impl_->awaitSnapshot();
   std::unique_lock<std::mutex> lock(impl_->mu);
   if (!impl_->cv.wait_for(lock, timeout, [&] { return !impl_->busy; })) {
     return Status::timedOut("checkpoint persist still running after " + std::to_string(toSeconds(timeout)) + " s");
@@ -522,6 +623,7 @@ Checkpointer::Stats Checkpointer::stats() const {
 // ranks agree through the channel: a candidate is restored only if it loaded on every rank.
 Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
   Impl& m = *impl_;
+  m.awaitSnapshot();
   const Nanos start = m.clock->monotonicNow();
   const std::string attempt = m.key_base + "/restore/" + std::to_string(++m.restore_attempts);
   std::vector<int64_t> steps;

@@ -166,6 +166,7 @@ const char* logLevelName(LogLevel level) {
 }
 
 const char* busyPolicyName(BusyPolicy policy) { return policy == BusyPolicy::kWait ? "wait" : "skip"; }
+const char* snapshotModeName(SnapshotMode mode) { return mode == SnapshotMode::kOverlapped ? "overlapped" : "blocking"; }
 
 const char* stallActionName(StallAction action) {
   return action == StallAction::kWarn ? "warn" : "exit";
@@ -272,6 +273,13 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
     if (t == "skip") ck.busy_policy = BusyPolicy::kSkip;
     else if (t == "wait") ck.busy_policy = BusyPolicy::kWait;
     else return Status::invalidArgument("TRAINSUP_CHECKPOINT_BUSY_POLICY=" + quote(v) + " is not one of skip|wait");
+    return Status::ok();
+  });
+  r.apply("TRAINSUP_CHECKPOINT_SNAPSHOT", [&](const std::string& v) -> Status {
+    std::string_view t = trim(v);
+    if (t == "blocking") ck.snapshot = SnapshotMode::kBlocking;
+    else if (t == "overlapped") ck.snapshot = SnapshotMode::kOverlapped;
+    else return Status::invalidArgument("TRAINSUP_CHECKPOINT_SNAPSHOT=" + quote(v) + " is not one of blocking|overlapped");
     return Status::ok();
   });
   r.number("TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", ck.commit_timeout_s);

@@ -10,6 +10,11 @@ Result<GpuInfo> describeLocalGpu(int) {
 bool pinHostMemory(void*, size_t) { return false; }
 void unpinHostMemory(void*) {}
 
+Status synchronizeDevice(int device) {
+  return Status::unavailable("cannot synchronize CUDA device " + std::to_string(device) +
+                             ": trainsup was built without the CUDA layer");
+}
+
 Status copyDeviceToHost(void*, const void*, size_t, int device) {
   return Status::unavailable("cannot copy from CUDA device " + std::to_string(device) +
                              ": trainsup was built without the CUDA layer");

@@ -514,6 +514,14 @@ Result<Checkpointer::Outcome> Supervisor::saveCheckpointNow(int64_t step, const 
   return now ? impl_->checkpointer->save(step, with_budgets) : impl_->checkpointer->maybeSave(step, with_budgets);
 }
 
+Status Supervisor::awaitSnapshot() {
+  // Called every step by guarded optimizers: enter the section only when there is a copy to
+  // wait for, so that the "checkpoint" budget is learned from real snapshots.
+  if (!impl_->checkpointer || !impl_->checkpointer->snapshotOutstanding()) return Status::ok();
+  auto scope = section(kCheckpointSectionName);
+  return impl_->checkpointer->awaitSnapshot();
+}
+
 Result<std::optional<int64_t>> Supervisor::restore(const Checkpointer::Load& load) {
   if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
   auto scope = section("restore");

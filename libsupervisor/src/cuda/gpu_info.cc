@@ -2,6 +2,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "trainsup/gpu.h"
 
@@ -45,11 +47,31 @@ void unpinHostMemory(void* p) {
   if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
-Status copyDeviceToHost(void* dst, const void* src, size_t n, int device) {
+Status synchronizeDevice(int device) {
   int previous = -1;
   cudaGetDevice(&previous);
   cudaError_t err = cudaSetDevice(device);
-  if (err == cudaSuccess) err = cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+  if (err == cudaSuccess) err = cudaDeviceSynchronize();
+  if (previous >= 0) cudaSetDevice(previous);
+  if (err != cudaSuccess) {
+    return Status::ioError("synchronizing CUDA device " + std::to_string(device) + ": " + cudaGetErrorString(err));
+  }
+  return Status::ok();
+}
+
+Status copyDeviceToHost(void* dst, const void* src, size_t n, int device) {
+  // One non-blocking stream per thread and device, kept for the thread's life: the copy must
+  // not serialize with the legacy default stream the training computes on.
+  thread_local std::vector<cudaStream_t> streams;
+  int previous = -1;
+  cudaGetDevice(&previous);
+  cudaError_t err = cudaSetDevice(device);
+  if (err == cudaSuccess && static_cast<size_t>(device) >= streams.size()) streams.resize(device + 1, nullptr);
+  if (err == cudaSuccess && streams[device] == nullptr) {
+    err = cudaStreamCreateWithFlags(&streams[device], cudaStreamNonBlocking);
+  }
+  if (err == cudaSuccess) err = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, streams[device]);
+  if (err == cudaSuccess) err = cudaStreamSynchronize(streams[device]);
   if (previous >= 0) cudaSetDevice(previous);
   if (err != cudaSuccess) {
     return Status::ioError("copy of " + std::to_string(n) + " bytes from CUDA device " + std::to_string(device) +
