@@ -86,7 +86,7 @@ TEST(TelemetryClientTest, AClientThatGoesAwayIsADeadRank) {
     std::this_thread::yield();
   }
   ASSERT_GT(cb->counters().frames_sent, 0u);
-  cb.reset();  // the rank's process dies: its connection closes
+  cb->dropConnection();  // the rank's process dies: its connection closes without a goodbye
   auto fut = sink.first.get_future();
   ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
   Verdict v = fut.get();
@@ -117,7 +117,7 @@ TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (clients[2]->counters().frames_sent == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
-  clients[2].reset();  // rank 2 dies
+  clients[2]->dropConnection();  // rank 2 dies
   for (int r = 0; r < 2; ++r) {
     auto fut = orders[r].get_future();
     ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "rank " << r;

@@ -20,7 +20,9 @@ JobToken token(uint8_t seed) {
 
 WireMessage sample(std::mt19937& rng) {
   WireMessage m;
-  m.type = static_cast<WireType>(1 + rng() % 3);
+  const WireType kinds[] = {WireType::kCollectives, WireType::kHeartbeat, WireType::kStall, WireType::kHello,
+                            WireType::kGone};
+  m.type = kinds[rng() % 5];
   int n = 1 + static_cast<int>(rng() % 20);
   for (int i = 0; i < n; ++i) {
     if (m.type == WireType::kCollectives) {
@@ -28,6 +30,15 @@ WireMessage sample(std::mt19937& rng) {
                                static_cast<int64_t>(rng()), static_cast<int64_t>(rng())});
     } else if (m.type == WireType::kHeartbeat) {
       m.heartbeats.push_back({static_cast<int32_t>(rng() % 4096), static_cast<int64_t>(rng()), static_cast<int64_t>(rng())});
+    } else if (m.type == WireType::kHello) {
+      WireHello h;
+      h.rank = static_cast<int32_t>(rng() % 4096);
+      h.local_rank = static_cast<int32_t>(rng() % 8);
+      std::snprintf(h.host, sizeof(h.host), "node-%u.cluster", static_cast<unsigned>(rng() % 1000));
+      std::snprintf(h.gpu, sizeof(h.gpu), "%u:GPU-%08x", static_cast<unsigned>(rng() % 8), static_cast<unsigned>(rng()));
+      m.hellos.push_back(h);
+    } else if (m.type == WireType::kGone) {
+      m.gones.push_back({static_cast<int32_t>(rng() % 4096), static_cast<int32_t>(rng() % 3)});
     } else {
       WireStall s;
       s.rank = static_cast<int32_t>(rng() % 4096);
@@ -41,8 +52,18 @@ WireMessage sample(std::mt19937& rng) {
 
 bool same(const WireMessage& a, const WireMessage& b) {
   if (a.type != b.type || a.collectives.size() != b.collectives.size() || a.heartbeats.size() != b.heartbeats.size() ||
-      a.stalls.size() != b.stalls.size()) {
+      a.stalls.size() != b.stalls.size() || a.hellos.size() != b.hellos.size() || a.gones.size() != b.gones.size()) {
     return false;
+  }
+  for (size_t i = 0; i < a.hellos.size(); ++i) {
+    const auto &x = a.hellos[i], &y = b.hellos[i];
+    if (x.rank != y.rank || x.local_rank != y.local_rank || std::string(x.host) != y.host ||
+        std::string(x.gpu) != y.gpu) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < a.gones.size(); ++i) {
+    if (a.gones[i].rank != b.gones[i].rank || a.gones[i].reason != b.gones[i].reason) return false;
   }
   for (size_t i = 0; i < a.collectives.size(); ++i) {
     const auto &x = a.collectives[i], &y = b.collectives[i];

@@ -70,7 +70,12 @@ class TRAINSUP_EXPORT Detector {
   void onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns);
   void onHeartbeat(int rank, int64_t now_ns);
   void onDisconnect(int rank, int64_t now_ns);
+  // The rank said goodbye (a normal end): no verdict about its silence or departure follows.
+  void onFinished(int rank);
   void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);
+  // A rank's hello: its host, local rank and GPU, for the verdicts (out-of-range ranks ignored;
+  // an empty host or GPU keeps what was known).
+  void setRankInfo(const RankInfo& info);
 
   std::vector<Verdict> evaluate(int64_t now_ns);
 
@@ -91,12 +96,12 @@ class TRAINSUP_EXPORT Detector {
   Verdict make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq = 0,
                const std::string& op = "") const;
 
-  const std::vector<RankInfo> ranks_;
+  std::vector<RankInfo> ranks_;
   const DetectorOptions options_;
   const int world_;
   std::map<uint64_t, Pending> pending_;  // open collectives by seq
   std::vector<int64_t> last_seen_ns_;
-  std::vector<bool> silent_reported_, dead_, dead_reported_;
+  std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
   bool any_dead_reported_ = false;
   std::vector<Verdict> queued_;  // found between evaluate() calls, reported by the next one
   // Learned budgets: recent max-over-ranks waits per op kind.

@@ -6,7 +6,10 @@
 // loop: records wait in a bounded queue (`queue_capacity`; when the coordinator is slow or gone
 // the oldest are dropped and counted) and the connection is re-established every `interval_s`
 // until stop(). Abort orders from the coordinator are read each interval and handed to
-// on_abort. stop() is idempotent and joins the thread; the destructor calls it.
+// on_abort. Each (re)connection starts with a hello (rank, local rank, host, GPU). stop() sends
+// what is pending and a goodbye (a normal end, so that no verdict follows), is idempotent and
+// joins the thread; the destructor calls it. The coordinator is `host:port` over TCP or, with
+// `unix_path`, the node monitor of this host (trainsup/node_monitor.h).
 #pragma once
 
 #include <functional>
@@ -23,8 +26,13 @@ namespace trainsup {
 struct TelemetryClientOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 0;
+  std::string unix_path;  // set: connect to a node monitor's Unix socket instead of host:port
   JobToken token{};
   int rank = 0;
+  // Sent in a hello record on every (re)connection, so that verdicts can name them.
+  int local_rank = 0;
+  std::string node_name;  // the host
+  std::string gpu;        // "index:uuid", empty when unknown
   double interval_s = 0.2;
   size_t queue_capacity = 16384;
   // Called (on the client's thread) when the coordinator orders the job to abort.
@@ -42,6 +50,9 @@ class TRAINSUP_EXPORT TelemetryClient {
   // Queues a stall report (this rank's watchdog found a section over its budget).
   void reportStall(const std::string& section, int64_t step);
   void stop();
+  // Stops without a goodbye and closes the connection: what a crash looks like to the
+  // coordinator (for tests and harnesses). Idempotent; stop() afterwards does nothing.
+  void dropConnection();
 
   struct Counters {
     uint64_t frames_sent = 0, records_sent = 0, records_dropped = 0, connects = 0, send_errors = 0;

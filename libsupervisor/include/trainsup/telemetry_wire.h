@@ -22,7 +22,7 @@ namespace trainsup {
 
 using JobToken = std::array<uint8_t, 16>;
 
-enum class WireType : uint16_t { kCollectives = 1, kHeartbeat = 2, kStall = 3, kAbort = 4 };
+enum class WireType : uint16_t { kCollectives = 1, kHeartbeat = 2, kStall = 3, kAbort = 4, kHello = 5, kGone = 6 };
 
 // One collective record of one rank (enter and, when known, exit).
 struct WireCollective {
@@ -53,12 +53,32 @@ struct WireAbort {
   char host[64] = {};   // the culprit's host, NUL-padded
 };
 
+// Rank -> coordinator, on every (re)connection: who the rank is, so that a verdict can name its
+// host and GPU (and a coordinator that took over learns them again from the node monitors).
+struct WireHello {
+  int32_t rank = 0;
+  int32_t local_rank = 0;
+  char host[64] = {};   // NUL-padded
+  char gpu[64] = {};    // "index:uuid", NUL-padded; empty when unknown
+};
+
+// Rank -> coordinator on a normal end (kGoneFinished); node monitor -> coordinator when a local
+// rank's connection closed without one (kGoneClosed: the process died).
+inline constexpr int32_t kGoneClosed = 0;    // the rank's connection closed without a goodbye
+inline constexpr int32_t kGoneFinished = 1;  // the rank said goodbye: a normal end
+struct WireGone {
+  int32_t rank = 0;
+  int32_t reason = kGoneClosed;
+};
+
 struct WireMessage {
   WireType type = WireType::kHeartbeat;
   std::vector<WireCollective> collectives;
   std::vector<WireHeartbeat> heartbeats;
   std::vector<WireStall> stalls;
   std::vector<WireAbort> aborts;
+  std::vector<WireHello> hellos;
+  std::vector<WireGone> gones;
 };
 
 inline constexpr uint32_t kMaxPayload = 1u << 20;

@@ -346,9 +346,10 @@ Status Config::validate() const {
   }
   if (!coordinator.empty()) {
     size_t colon = coordinator.rfind(':');
-    if (colon == std::string::npos || colon == 0 || colon + 1 == coordinator.size() ||
-        coordinator.find_first_not_of("0123456789", colon + 1) != std::string::npos) {
-      return bad("coordinator (TRAINSUP_COORDINATOR)=" + quote(coordinator) + " is not host:port");
+    const bool unix_socket = coordinator.rfind("unix:", 0) == 0 && coordinator.size() > 5;
+    if (!unix_socket && (colon == std::string::npos || colon == 0 || colon + 1 == coordinator.size() ||
+                         coordinator.find_first_not_of("0123456789", colon + 1) != std::string::npos)) {
+      return bad("coordinator (TRAINSUP_COORDINATOR)=" + quote(coordinator) + " is not host:port or unix:<path>");
     }
     if (job_token.size() != 32 || job_token.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
       return bad("job_token (TRAINSUP_JOB_TOKEN) must be 32 hex digits when TRAINSUP_COORDINATOR is set");

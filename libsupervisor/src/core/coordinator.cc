@@ -99,7 +99,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
         ranks_.insert(s.rank);
         o.detector->onRankStalled(s.rank, s.section, s.step, now);
       }
-      o.count(&Coordinator::Counters::records, m.collectives.size() + m.heartbeats.size() + m.stalls.size());
+      for (const auto& h : m.hellos) {
+        ranks_.insert(h.rank);
+        RankInfo info;
+        info.rank = h.rank;
+        info.local_rank = h.local_rank;
+        info.host = h.host;
+        info.gpu = h.gpu;
+        o.detector->setRankInfo(info);
+      }
+      for (const auto& g : m.gones) {
+        if (g.reason == kGoneFinished) {
+          o.detector->onFinished(g.rank);
+        } else {
+          o.detector->onDisconnect(g.rank, now);
+        }
+      }
+      o.count(&Coordinator::Counters::records, m.collectives.size() + m.heartbeats.size() + m.stalls.size() +
+                                                   m.hellos.size() + m.gones.size());
     }
   }
   void closed() {

@@ -43,6 +43,7 @@ Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
       silent_reported_(world_, false),
       dead_(world_, false),
       dead_reported_(world_, false),
+      finished_(world_, false),
       recent_waits_(kCollectiveOpCount),
       completed_by_op_(kCollectiveOpCount, 0),
       latest_count_(world_, 0),
@@ -72,9 +73,22 @@ void Detector::onHeartbeat(int rank, int64_t now_ns) {
 }
 
 void Detector::onDisconnect(int rank, int64_t now_ns) {
-  if (rank < 0 || rank >= world_) return;
+  if (rank < 0 || rank >= world_ || finished_[rank]) return;
   dead_[rank] = true;
   last_seen_ns_[rank] = now_ns;
+}
+
+void Detector::onFinished(int rank) {
+  if (rank < 0 || rank >= world_) return;
+  finished_[rank] = true;
+}
+
+void Detector::setRankInfo(const RankInfo& info) {
+  if (info.rank < 0 || info.rank >= world_) return;
+  RankInfo& r = ranks_[info.rank];
+  r.local_rank = info.local_rank;
+  if (!info.host.empty()) r.host = info.host;  // what the rank does not know, keep
+  if (!info.gpu.empty()) r.gpu = info.gpu;
 }
 
 void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
@@ -197,7 +211,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   // Silent ranks.
   const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
   for (int r = 0; r < world_; ++r) {
-    if (dead_[r] || silent_reported_[r] || last_seen_ns_[r] < 0) continue;
+    if (dead_[r] || finished_[r] || silent_reported_[r] || last_seen_ns_[r] < 0) continue;
     if (now_ns - last_seen_ns_[r] > silence) {
       silent_reported_[r] = true;
       out.push_back(make(VerdictKind::kSilentRank, {r},

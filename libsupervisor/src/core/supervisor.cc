@@ -335,11 +335,18 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
   }
   if (!c.coordinator.empty()) {
     TelemetryClientOptions t;
-    size_t colon = c.coordinator.rfind(':');
-    t.host = c.coordinator.substr(0, colon);
-    t.port = static_cast<uint16_t>(std::stoi(c.coordinator.substr(colon + 1)));
+    if (c.coordinator.rfind("unix:", 0) == 0) {
+      t.unix_path = c.coordinator.substr(5);
+    } else {
+      size_t colon = c.coordinator.rfind(':');
+      t.host = c.coordinator.substr(0, colon);
+      t.port = static_cast<uint16_t>(std::stoi(c.coordinator.substr(colon + 1)));
+    }
     t.token = *parseJobToken(c.job_token);
     t.rank = c.identity.rank;
+    t.local_rank = c.identity.local_rank;
+    t.node_name = c.identity.host;
+    if (gpu) t.gpu = std::to_string(gpu->index) + ":" + gpu->uuid;
     Impl* mp = impl.get();
     t.on_abort = [mp](const WireAbort& a) { mp->onAbortOrder(a); };
     auto client = TelemetryClient::start(t);

@@ -1,5 +1,7 @@
 #include "trainsup/telemetry_client.h"
 
+#include <sys/un.h>
+
 #include <boost/asio.hpp>
 #include <condition_variable>
 #include <cstring>
@@ -14,6 +16,7 @@ namespace trainsup {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+using Socket = asio::generic::stream_protocol::socket;
 
 struct TelemetryClient::Impl {
   // Set at construction.
@@ -23,13 +26,14 @@ struct TelemetryClient::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;             // guarded by mu
+  bool goodbye = true;               // guarded by mu: say goodbye when stopping
   std::deque<WireStall> stalls;      // guarded by mu
   Counters counters;                 // guarded by mu
   std::thread thread;
 
   // Sender thread only.
   asio::io_context io;
-  std::unique_ptr<tcp::socket> socket;
+  std::unique_ptr<Socket> socket;
   uint64_t next_seq = 1;              // first seq not yet sent as completed
   std::set<uint64_t> sent_enter;      // open collectives already announced
   std::set<uint64_t> sent_done;       // completed ones already sent (>= next_seq)
@@ -75,14 +79,38 @@ void TelemetryClient::Impl::pump() {
 bool TelemetryClient::Impl::connect() {
   if (socket) return true;
   try {
-    auto s = std::make_unique<tcp::socket>(io);
-    s->connect({asio::ip::make_address(options.host), options.port});
-    s->set_option(tcp::no_delay(true));
+    std::unique_ptr<Socket> s;
+    if (!options.unix_path.empty()) {
+      asio::generic::stream_protocol::endpoint ep{asio::local::stream_protocol::endpoint(options.unix_path)};
+      s = std::make_unique<Socket>(io, ep.protocol());
+      s->connect(ep);
+    } else {
+      asio::generic::stream_protocol::endpoint ep{tcp::endpoint(asio::ip::make_address(options.host), options.port)};
+      s = std::make_unique<Socket>(io, ep.protocol());
+      s->connect(ep);
+      s->set_option(tcp::no_delay(true));
+    }
     socket = std::move(s);
-    std::lock_guard<std::mutex> lock(mu);
-    ++counters.connects;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++counters.connects;
+    }
+    // Who we are, first: a coordinator that took over learns it from this.
+    WireMessage hello;
+    hello.type = WireType::kHello;
+    WireHello h;
+    h.rank = options.rank;
+    h.local_rank = options.local_rank;
+    std::strncpy(h.host, options.node_name.c_str(), sizeof(h.host) - 1);
+    std::strncpy(h.gpu, options.gpu.c_str(), sizeof(h.gpu) - 1);
+    hello.hellos.push_back(h);
+    if (!sendFrame(hello)) {
+      socket.reset();
+      return false;
+    }
     return true;
   } catch (const std::exception&) {
+    socket.reset();
     return false;  // try again next interval
   }
 }
@@ -97,7 +125,7 @@ bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
     return false;
   }
   ++counters.frames_sent;
-  counters.records_sent += m.collectives.size() + m.heartbeats.size() + m.stalls.size();
+  counters.records_sent += m.collectives.size() + m.heartbeats.size() + m.stalls.size() + m.hellos.size() + m.gones.size();
   return true;
 }
 
@@ -123,10 +151,34 @@ void TelemetryClient::Impl::loop() {
       std::chrono::duration<double>(options.interval_s));
   for (;;) {
     std::deque<WireStall> new_stalls;
+    bool last = false;
     {
       std::unique_lock<std::mutex> lock(mu);
-      if (cv.wait_for(lock, interval, [&] { return stopping || !stalls.empty(); }) && stopping) return;
+      cv.wait_for(lock, interval, [&] { return stopping || !stalls.empty(); });
+      last = stopping;
+      if (last && !goodbye) return;  // dropped: as if the process died
       new_stalls.swap(stalls);
+    }
+    if (last) {
+      // A normal end: what is pending, then goodbye, so the coordinator does not take the
+      // closing connection for a crash. Only over a connection that is already up.
+      if (socket) {
+        pump();
+        bool ok = true;
+        while (ok && !pending.empty()) {
+          WireMessage m;
+          m.type = WireType::kCollectives;
+          size_t n = std::min<size_t>(pending.size(), 4096);
+          m.collectives.assign(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+          ok = sendFrame(m);
+          pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+        }
+        WireMessage bye;
+        bye.type = WireType::kGone;
+        bye.gones.push_back({options.rank, kGoneFinished});
+        if (ok) sendFrame(bye);
+      }
+      return;
     }
     pump();
     if (!connect()) continue;
@@ -158,10 +210,14 @@ void TelemetryClient::Impl::loop() {
 
 Result<std::unique_ptr<TelemetryClient>> TelemetryClient::start(TelemetryClientOptions options,
                                                                 CollectiveTracker& tracker) {
-  boost::system::error_code ec;
-  asio::ip::make_address(options.host, ec);
-  if (ec) return Status::invalidArgument("telemetry coordinator address '" + options.host + "': " + ec.message());
-  if (options.port == 0) return Status::invalidArgument("telemetry coordinator port must not be 0");
+  if (options.unix_path.empty()) {
+    boost::system::error_code ec;
+    asio::ip::make_address(options.host, ec);
+    if (ec) return Status::invalidArgument("telemetry coordinator address '" + options.host + "': " + ec.message());
+    if (options.port == 0) return Status::invalidArgument("telemetry coordinator port must not be 0");
+  } else if (options.unix_path.size() >= sizeof(sockaddr_un::sun_path)) {
+    return Status::invalidArgument("telemetry node monitor socket '" + options.unix_path + "' is too long");
+  }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
   impl->tracker = &tracker;
@@ -185,6 +241,15 @@ void TelemetryClient::reportStall(const std::string& section, int64_t step) {
     impl_->stalls.push_back(s);
   }
   impl_->cv.notify_all();
+}
+
+void TelemetryClient::dropConnection() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->goodbye = false;
+  }
+  stop();
+  impl_->socket.reset();  // the thread is joined: closing here is safe
 }
 
 void TelemetryClient::stop() {

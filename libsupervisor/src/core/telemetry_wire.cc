@@ -14,6 +14,16 @@ constexpr size_t kCollectiveSize = 4 + 8 + 1 + 8 + 8 + 8;
 constexpr size_t kHeartbeatSize = 4 + 8 + 8;
 constexpr size_t kStallSize = 4 + 8 + 32;
 constexpr size_t kAbortSize = 4 + 24 + 64;
+constexpr size_t kHelloSize = 4 + 4 + 64 + 64;
+constexpr size_t kGoneSize = 4 + 4;
+
+// Copies a NUL-padded text field and guarantees its termination.
+template <size_t N>
+void getText(const uint8_t*& q, char (&dst)[N]) {
+  std::memcpy(dst, q, N);
+  dst[N - 1] = '\0';
+  q += N;
+}
 
 template <class T>
 void put(std::string& out, T v) {
@@ -35,6 +45,8 @@ size_t recordSize(WireType t) {
     case WireType::kHeartbeat: return kHeartbeatSize;
     case WireType::kStall: return kStallSize;
     case WireType::kAbort: return kAbortSize;
+    case WireType::kHello: return kHelloSize;
+    case WireType::kGone: return kGoneSize;
   }
   return 0;
 }
@@ -82,6 +94,20 @@ std::string encodeFrame(const WireMessage& m, const JobToken& token) {
         payload.append(a.host, sizeof(a.host));
       }
       break;
+    case WireType::kHello:
+      for (const auto& h : m.hellos) {
+        put(payload, h.rank);
+        put(payload, h.local_rank);
+        payload.append(h.host, sizeof(h.host));
+        payload.append(h.gpu, sizeof(h.gpu));
+      }
+      break;
+    case WireType::kGone:
+      for (const auto& g : m.gones) {
+        put(payload, g.rank);
+        put(payload, g.reason);
+      }
+      break;
   }
   std::string out(reinterpret_cast<const char*>(kMagic), 4);
   put(out, kVersion);
@@ -119,7 +145,7 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
       pos += 4;
       continue;
     }
-    size_t rs = type >= 1 && type <= 4 ? recordSize(static_cast<WireType>(type)) : 0;
+    size_t rs = type >= 1 && type <= 6 ? recordSize(static_cast<WireType>(type)) : 0;
     if (rs == 0) {
       ++counters_.bad_type;
       pos += 4;
@@ -166,6 +192,18 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
         a.host[sizeof(a.host) - 1] = '\0';
         q += sizeof(a.host);
         m.aborts.push_back(a);
+      } else if (m.type == WireType::kHello) {
+        WireHello hello;
+        hello.rank = get<int32_t>(q);
+        hello.local_rank = get<int32_t>(q);
+        getText(q, hello.host);
+        getText(q, hello.gpu);
+        m.hellos.push_back(hello);
+      } else if (m.type == WireType::kGone) {
+        WireGone g;
+        g.rank = get<int32_t>(q);
+        g.reason = get<int32_t>(q);
+        m.gones.push_back(g);
       } else {
         WireStall s;
         s.rank = get<int32_t>(q);
