@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   o.port = static_cast<uint16_t>(port);
   auto c = trainsup::Coordinator::start(ranks, *token, o, d, [](const trainsup::Verdict& v) {
     nlohmann::json j = {{"event", "verdict"}, {"kind", trainsup::verdictKindName(v.kind)}, {"ranks", v.ranks},
-                        {"hosts", v.hosts}, {"seq", v.seq}, {"op", v.op}, {"evidence", v.evidence}};
+                        {"hosts", v.hosts}, {"seq", v.seq}, {"op", v.op}, {"section", v.section}, {"step", v.step},
+                        {"evidence", v.evidence}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   });

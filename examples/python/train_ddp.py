@@ -11,6 +11,7 @@ launcher, issue 6, will not need them.)
 """
 import argparse
 import os
+import random
 import signal
 import sys
 import time
@@ -58,7 +59,20 @@ def main():
     p.add_argument("--out", default=None, help="rank 0 writes the final parameters here (torch.save)")
     p.add_argument("--plain", action="store_true", help="no trainsup at all (the benchmark's baseline)")
     p.add_argument("--hidden", type=int, default=64)
+    # Timing scenarios for the detection tests: a simulated compute phase (section "forward")
+    # of --step-sleep-ms per step, slowed by --slow-factor on --slow-ranks ("all" or a list)
+    # from --slow-from-step, with independent +-jitter on each rank.
+    p.add_argument("--step-sleep-ms", type=float, default=0.0)
+    p.add_argument("--slow-ranks", default="", help='"all" or comma-separated ranks')
+    p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--jitter", type=float, default=0.0, help="e.g. 0.3: each step's compute x U(0.7, 1.3)")
+    p.add_argument("--fault-rank", type=int, default=-1, help="the rank that injects the faults above (-1: every rank)")
+    p.add_argument("--stall-section", default=None,
+                   help="with --stall-at-step: stall inside this section, before the step's collective")
     args = p.parse_args()
+    if args.fault_rank >= 0 and int(os.environ.get("RANK", "0")) != args.fault_rank:
+        args.stall_at_step = args.crash_at_step = -1
 
     if args.plain:
         dist.init_process_group("gloo")
@@ -77,6 +91,25 @@ def main():
     settings = {}
     if args.checkpoint_every is not None:
         settings["checkpoint_every_steps"] = args.checkpoint_every
+    slow = set(range(world)) if args.slow_ranks == "all" else \
+        {int(r) for r in args.slow_ranks.split(",") if r.strip()}
+    jitter_rng = random.Random(7919 * rank + 1)  # not the training's RNG: resumes stay bitwise equal
+
+    def compute_phase(step):
+        if args.stall_section and step == args.stall_at_step:
+            with sup.section(args.stall_section):
+                sup.event("fault_injected", kind="stall_in_section", section=args.stall_section, step=step)
+                time.sleep(3600)
+        if args.step_sleep_ms <= 0:
+            return
+        ms = args.step_sleep_ms
+        if rank in slow and step >= args.slow_from_step:
+            ms *= args.slow_factor
+        if args.jitter:
+            ms *= jitter_rng.uniform(1 - args.jitter, 1 + args.jitter)
+        with sup.section("forward"):
+            time.sleep(ms / 1000)
+
     with trainsup.Supervisor(**settings) as sup:
         # With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped the snapshot copy runs beside the next
         # forward/backward; the guarded optimizer step waits for it before changing parameters.
@@ -96,8 +129,9 @@ def main():
                 sup.close()
                 sys.exit(trainsup.EXIT_STOP_REQUESTED)
             with sup.step(step):
+                compute_phase(step)
                 loss = train_step(ddp, optimizer, scheduler, rank, step)
-                if step == args.stall_at_step:
+                if step == args.stall_at_step and not args.stall_section:
                     sup.event("fault_injected", kind="stall_sleep", step=step)
                     time.sleep(3600)
             state["next_step"] = step + 1

@@ -38,7 +38,10 @@ void send(tcp::socket& s, const WireMessage& m, const JobToken& token) {
 WireMessage heartbeat(int rank) {
   WireMessage m;
   m.type = WireType::kHeartbeat;
-  m.heartbeats.push_back({rank, 1, 0});
+  WireHeartbeat hb;
+  hb.rank = rank;
+  hb.step = 1;
+  m.heartbeats.push_back(hb);
   return m;
 }
 

@@ -57,6 +57,8 @@ TEST(DetectorTest, RankThatNeverEntersIsNamedWithItsHostAfterTheBudget) {
     EXPECT_TRUE(job.det.evaluate(t).empty()) << "before the budget";
   }
   beat(job.now + 5200 * kMs);
+  // Rank 2's heartbeats say where its training loop is.
+  job.det.onProgress(2, 41, "forward", 5100 * kMs, job.now + 5200 * kMs);
   auto v = job.det.evaluate(job.now + 5200 * kMs);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, VerdictKind::kHungRank);
@@ -64,6 +66,9 @@ TEST(DetectorTest, RankThatNeverEntersIsNamedWithItsHostAfterTheBudget) {
   EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-c"});
   EXPECT_EQ(v[0].seq, 41u);
   EXPECT_NE(v[0].evidence.find("never entered"), std::string::npos) << v[0].evidence;
+  EXPECT_NE(v[0].evidence.find("was in section 'forward' (step 41) for 5.1"), std::string::npos) << v[0].evidence;
+  EXPECT_EQ(v[0].section, "forward");
+  EXPECT_EQ(v[0].step, 41);
   EXPECT_TRUE(job.det.evaluate(job.now + 6 * kS).empty()) << "reported once";
 }
 
@@ -77,6 +82,19 @@ TEST(DetectorTest, AllEnteredNoneCompletedIsACommunicationFault) {
   EXPECT_EQ(v[0].kind, VerdictKind::kCommunicationFault);
   EXPECT_EQ(v[0].ranks, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_NE(v[0].evidence.find("communication"), std::string::npos);
+}
+
+TEST(DetectorTest, AllEnteredSomeCompletedNamesTheRanksStuckInside) {
+  Job job;
+  for (int i = 0; i < 30; ++i) job.step(even(50 * kMs));
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, 31, CollectiveOp::kAllreduce, 4096, job.now);
+  for (int r : {0, 1, 3}) job.det.onExit(r, 31, 1 * kMs, job.now + 1 * kMs);  // rank 2 stopped inside
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 5 * kS);
+  auto v = job.det.evaluate(job.now + 5100 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kHungRank) << v[0].evidence;
+  EXPECT_EQ(v[0].ranks, std::vector<int>{2});
+  EXPECT_NE(v[0].evidence.find("3 completed it"), std::string::npos) << v[0].evidence;
 }
 
 TEST(DetectorTest, SilentAndDeadRanks) {

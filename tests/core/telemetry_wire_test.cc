@@ -29,7 +29,13 @@ WireMessage sample(std::mt19937& rng) {
       m.collectives.push_back({static_cast<int32_t>(rng() % 4096), rng(), static_cast<uint8_t>(rng() % 12), rng(),
                                static_cast<int64_t>(rng()), static_cast<int64_t>(rng())});
     } else if (m.type == WireType::kHeartbeat) {
-      m.heartbeats.push_back({static_cast<int32_t>(rng() % 4096), static_cast<int64_t>(rng()), static_cast<int64_t>(rng())});
+      WireHeartbeat hb;
+      hb.rank = static_cast<int32_t>(rng() % 4096);
+      hb.step = static_cast<int64_t>(rng());
+      hb.sent_ns = static_cast<int64_t>(rng());
+      hb.in_section_ns = static_cast<int64_t>(rng());
+      std::snprintf(hb.section, sizeof(hb.section), "sec-%u", static_cast<unsigned>(rng() % 100));
+      m.heartbeats.push_back(hb);
     } else if (m.type == WireType::kHello) {
       WireHello h;
       h.rank = static_cast<int32_t>(rng() % 4096);
@@ -73,7 +79,11 @@ bool same(const WireMessage& a, const WireMessage& b) {
     }
   }
   for (size_t i = 0; i < a.heartbeats.size(); ++i) {
-    if (a.heartbeats[i].rank != b.heartbeats[i].rank || a.heartbeats[i].step != b.heartbeats[i].step) return false;
+    const auto &x = a.heartbeats[i], &y = b.heartbeats[i];
+    if (x.rank != y.rank || x.step != y.step || x.sent_ns != y.sent_ns || x.in_section_ns != y.in_section_ns ||
+        std::string(x.section) != y.section) {
+      return false;
+    }
   }
   for (size_t i = 0; i < a.stalls.size(); ++i) {
     if (a.stalls[i].rank != b.stalls[i].rank || std::string(a.stalls[i].section) != b.stalls[i].section) return false;
@@ -137,9 +147,11 @@ TEST(TelemetryWireTest, OversizedAndMalformedFramesAreCountedAndDropped) {
 TEST(TelemetryWireTest, RandomAndMutatedStreamsAreHarmless) {
   std::mt19937 rng(4);
   FrameDecoder d(token(7));
-  size_t accepted = 0;
+  FrameDecoder only_forged(token(7));  // sees the same stream minus the frames with the token
+  size_t accepted = 0, with_token = 0, forged = 0, forged_accepted = 0;
   for (int round = 0; round < 3000; ++round) {
     std::string chunk;
+    bool has_token = false;
     switch (rng() % 3) {
       case 0:  // random bytes
         chunk.resize(rng() % 256);
@@ -148,19 +160,28 @@ TEST(TelemetryWireTest, RandomAndMutatedStreamsAreHarmless) {
       case 1: {  // a valid frame with one byte changed
         chunk = encodeFrame(sample(rng), token(7));
         chunk[rng() % chunk.size()] ^= static_cast<char>(1 + rng() % 255);
+        has_token = true;
+        ++with_token;
         break;
       }
       default:  // a forged frame
         chunk = encodeFrame(sample(rng), token(9));
+        ++forged;
     }
     auto got = d.feed(reinterpret_cast<const uint8_t*>(chunk.data()), chunk.size());
     accepted += got.size();
     ASSERT_LE(d.buffered(), 28u + kMaxPayload);
+    if (!has_token) {
+      forged_accepted += only_forged.feed(reinterpret_cast<const uint8_t*>(chunk.data()), chunk.size()).size();
+      ASSERT_LE(only_forged.buffered(), 28u + kMaxPayload);
+    }
   }
-  // Mutations inside a payload still decode (the token authenticates, it does not checksum);
-  // forged frames never do.
-  EXPECT_GT(d.counters().bad_token, 900u);
+  // Forged frames never decode; mutations inside a payload still may (the token authenticates,
+  // it does not checksum), so at most the frames that carried the token are accepted.
+  EXPECT_EQ(forged_accepted, 0u);
+  EXPECT_GT(only_forged.counters().bad_token, forged / 2);
   EXPECT_GT(accepted, 0u);
+  EXPECT_LE(accepted, with_token);
 }
 
 }  // namespace

@@ -300,6 +300,7 @@ PYBIND11_MODULE(_trainsup, m) {
   m.attr("EXIT_STALL") = kExitStall;
   m.attr("EXIT_WATCHDOG_UNRESPONSIVE") = kExitWatchdogUnresponsive;
   m.attr("EXIT_BAD_CONFIG") = kExitBadConfig;
+  m.attr("EXIT_ABORTED") = kExitAborted;
 
   py::class_<PyScope>(m, "Scope")
       .def("__enter__", &PyScope::enter, py::return_value_policy::reference)
@@ -400,5 +401,5 @@ PYBIND11_MODULE(_trainsup, m) {
       .def_property_readonly("log_file", &Supervisor::logFilePath)
       .def_property_readonly("event_log", &Supervisor::eventLogPath)
       .def_property_readonly("checkpoint_dir", [](Supervisor& s) { return s.config().checkpoint.dir; })
-      .def("close", &Supervisor::close, py::call_guard<py::gil_scoped_release>());
+      .def("close", &Supervisor::close, py::arg("failed") = false, py::call_guard<py::gil_scoped_release>());
 }

@@ -22,7 +22,7 @@ import weakref
 from . import _trainsup
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint
 from .distributed import collective_stats, init_process_group, recent_collectives
-from ._trainsup import (EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,
+from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,
                         EXIT_WATCHDOG_UNRESPONSIVE)
 
 __version__ = _trainsup.__version__
@@ -186,16 +186,19 @@ class Supervisor:
     def event_log(self):
         return self._sup.event_log
 
-    def close(self):
-        """Stops the watchdog, waits for a pending checkpoint persist, flushes the logs. Idempotent."""
-        self._sup.close()
+    def close(self, failed=False):
+        """Stops the watchdog, waits for a pending checkpoint persist, says goodbye to the
+        coordinator, flushes the logs. Idempotent. `failed=True` (what `with` passes when the
+        block raised): no goodbye, and if the job's coordinator is ordering an abort (the error
+        was a consequence of it), the process exits with EXIT_ABORTED as ordered."""
+        self._sup.close(bool(failed))
         _live.discard(self)
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        self.close(failed=exc_type is not None and not issubclass(exc_type, SystemExit))
         return False
 
 

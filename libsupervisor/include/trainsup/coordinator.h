@@ -8,8 +8,12 @@
 // ranks its records name; when a connection closes, those ranks are reported to the detector
 // as disconnected (a crashed rank). Every evaluate_interval_s the detector is evaluated on the
 // coordinator's own monotonic clock and each new verdict goes to `on_verdict`, on the I/O
-// thread. After the first verdict every connected rank is sent an abort frame naming the
-// culprit (abort_on_verdict). stop() is idempotent and joins the thread; the destructor calls it.
+// thread. After the first verdict that the job cannot outlive (any kind but straggler) every
+// connected rank is sent an abort frame naming the culprit (abort_on_verdict); a straggler is
+// reported and the job goes on. Ranks and node monitors say who they are in hello records, and
+// a rank's departure (a WireGone record, or its connection closing) is a dead rank unless it
+// said goodbye. Once the abort order went out, later verdicts (ranks leaving because of it,
+// collectives left open) are consequences: counted, not reported. stop() is idempotent and joins the thread; the destructor calls it.
 #pragma once
 
 #include <functional>
@@ -27,7 +31,7 @@ struct CoordinatorOptions {
   std::string bind_address = "127.0.0.1";
   uint16_t port = 0;  // 0: pick a free port (see Coordinator::port())
   double evaluate_interval_s = 0.1;
-  bool abort_on_verdict = true;  // tell every connected rank to abort after the first verdict
+  bool abort_on_verdict = true;  // tell every connected rank to abort after the first fatal verdict
 };
 
 class TRAINSUP_EXPORT Coordinator {
@@ -45,6 +49,7 @@ class TRAINSUP_EXPORT Coordinator {
 
   struct Counters {
     uint64_t connections = 0, frames = 0, records = 0, dropped_frames = 0, verdicts = 0;
+    uint64_t consequences = 0;  // verdicts after the abort order: counted, not reported
   };
   Counters counters() const;
 

@@ -6,8 +6,8 @@
 // - hung collective: collective `seq` was entered by some ranks and has not completed within
 //   its budget (a multiple of a high percentile of that op's past durations, with a floor and
 //   a warm-up allowance). Ranks that never entered it are the culprits; if every rank entered
-//   and it still did not complete, the fault is in communication: say so, name the ranks that
-//   did not complete.
+//   and some completed, the ones that did not are; if every rank entered and none completed,
+//   the fault is in communication: say so, name the participants.
 // - silent rank: no telemetry for heartbeat_timeout_s (SIGSTOP, a frozen host), or its
 //   connection closed (SIGKILL, a crash).
 // - stalled rank: the rank's own watchdog reported a section over its budget.
@@ -59,6 +59,8 @@ struct Verdict {
   uint64_t seq = 0;                // the collective, where one is involved
   std::string op;
   std::string evidence;            // human-readable: what was seen, against which budget
+  std::string section;             // the first culprit's section, where known (e.g. "forward")
+  int64_t step = -1;               // ...and its step
 };
 
 class TRAINSUP_EXPORT Detector {
@@ -69,6 +71,9 @@ class TRAINSUP_EXPORT Detector {
   // `wait_ns`: exit - enter on the rank's own clock.
   void onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns);
   void onHeartbeat(int rank, int64_t now_ns);
+  // Where the rank's training loop was at its last heartbeat (innermost section, step, time in
+  // it); verdicts about the rank quote it.
+  void onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns, int64_t now_ns);
   void onDisconnect(int rank, int64_t now_ns);
   // The rank said goodbye (a normal end): no verdict about its silence or departure follows.
   void onFinished(int rank);
@@ -101,6 +106,14 @@ class TRAINSUP_EXPORT Detector {
   const int world_;
   std::map<uint64_t, Pending> pending_;  // open collectives by seq
   std::vector<int64_t> last_seen_ns_;
+  struct Progress {
+    int64_t step = -1;
+    std::string section;
+    int64_t in_section_ns = 0;
+    int64_t at_ns = -1;  // when it was reported (coordinator clock)
+  };
+  std::vector<Progress> progress_;
+  std::string whereIs(int rank, int64_t now_ns) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
   bool any_dead_reported_ = false;
   std::vector<Verdict> queued_;  // found between evaluate() calls, reported by the next one

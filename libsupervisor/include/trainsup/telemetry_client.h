@@ -33,6 +33,9 @@ struct TelemetryClientOptions {
   int local_rank = 0;
   std::string node_name;  // the host
   std::string gpu;        // "index:uuid", empty when unknown
+  // Where the training loop is, for each heartbeat (called on the client's thread; must be
+  // safe there, e.g. a ProgressTracker snapshot). Unset: heartbeats carry no section.
+  std::function<void(WireHeartbeat&)> progress;
   double interval_s = 0.2;
   size_t queue_capacity = 16384;
   // Called (on the client's thread) when the coordinator orders the job to abort.

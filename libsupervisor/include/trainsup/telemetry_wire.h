@@ -34,10 +34,15 @@ struct WireCollective {
   int64_t exit_ns = 0;     // 0: still open
 };
 
+// Proof of life, with where the rank is: the innermost open section of its training loop and
+// for how long it has been there (so that a verdict can say what a silent or absent rank was
+// doing).
 struct WireHeartbeat {
   int32_t rank = 0;
   int64_t step = -1;
   int64_t sent_ns = 0;
+  int64_t in_section_ns = 0;
+  char section[32] = {};   // NUL-padded; empty when unknown
 };
 
 struct WireStall {

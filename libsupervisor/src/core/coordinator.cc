@@ -94,6 +94,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       for (const auto& h : m.heartbeats) {
         ranks_.insert(h.rank);
         o.detector->onHeartbeat(h.rank, now);
+        if (h.section[0] != '\0') o.detector->onProgress(h.rank, h.step, h.section, h.in_section_ns, now);
       }
       for (const auto& s : m.stalls) {
         ranks_.insert(s.rank);
@@ -150,9 +151,17 @@ void Coordinator::Impl::tick() {
   timer.async_wait([self](const boost::system::error_code& ec) {
     if (ec) return;
     for (const Verdict& v : self->detector->evaluate(nowNs())) {
+      if (self->aborted) {
+        // After the abort order, ranks leaving and collectives left open are its consequences.
+        self->count(&Counters::consequences);
+        continue;
+      }
       self->count(&Counters::verdicts);
       if (self->on_verdict) self->on_verdict(v);
-      if (!self->aborted && self->options.abort_on_verdict) self->broadcastAbort(v);
+      // A straggler slows the job but does not stop it: reported, not aborted for.
+      if (!self->aborted && self->options.abort_on_verdict && v.kind != VerdictKind::kStraggler) {
+        self->broadcastAbort(v);
+      }
     }
     self->tick();
   });

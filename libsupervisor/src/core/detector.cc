@@ -40,6 +40,7 @@ Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
       options_(options),
       world_(static_cast<int>(ranks_.size())),
       last_seen_ns_(world_, -1),
+      progress_(world_),
       silent_reported_(world_, false),
       dead_(world_, false),
       dead_reported_(world_, false),
@@ -58,6 +59,10 @@ Verdict Detector::make(VerdictKind kind, std::vector<int> ranks, std::string evi
   for (int r : ranks) {
     std::string host = r >= 0 && r < world_ ? ranks_[r].host : "?";
     v.hosts.push_back(host);
+  }
+  if (!ranks.empty() && ranks.front() >= 0 && ranks.front() < world_ && progress_[ranks.front()].at_ns >= 0) {
+    v.section = progress_[ranks.front()].section;
+    v.step = progress_[ranks.front()].step;
   }
   v.ranks = std::move(ranks);
   v.seq = seq;
@@ -78,6 +83,21 @@ void Detector::onDisconnect(int rank, int64_t now_ns) {
   last_seen_ns_[rank] = now_ns;
 }
 
+void Detector::onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns,
+                          int64_t now_ns) {
+  if (rank < 0 || rank >= world_ || section.empty()) return;
+  progress_[rank] = {step, section, in_section_ns, now_ns};
+}
+
+// "; rank 2 was in section 'forward' (step 60) for 5.2 s at its last heartbeat", or "".
+std::string Detector::whereIs(int rank, int64_t now_ns) const {
+  const Progress& p = progress_[rank];
+  if (p.at_ns < 0) return "";
+  (void)now_ns;
+  return "; rank " + std::to_string(rank) + " was in section '" + p.section + "' (step " + std::to_string(p.step) +
+         ") for " + fmtS(p.in_section_ns) + " at its last heartbeat";
+}
+
 void Detector::onFinished(int rank) {
   if (rank < 0 || rank >= world_) return;
   finished_[rank] = true;
@@ -94,9 +114,12 @@ void Detector::setRankInfo(const RankInfo& info) {
 void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
   if (rank < 0 || rank >= world_) return;
   onHeartbeat(rank, now_ns);
-  queued_.push_back(make(VerdictKind::kStalledRank, {rank},
-                         "rank " + std::to_string(rank) + " reports section '" + section + "' (step " +
-                             std::to_string(step) + ") over its budget, outside any collective"));
+  Verdict v = make(VerdictKind::kStalledRank, {rank},
+                   "rank " + std::to_string(rank) + " reports section '" + section + "' (step " +
+                       std::to_string(step) + ") over its budget, outside any collective");
+  v.section = section;
+  v.step = step;
+  queued_.push_back(std::move(v));
 }
 
 void Detector::onEnter(int rank, uint64_t seq, CollectiveOp op, uint64_t bytes, int64_t now_ns) {
@@ -206,7 +229,8 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     any_dead_reported_ = true;
     out.push_back(make(VerdictKind::kDeadRank, {r},
                        "rank " + std::to_string(r) + "'s telemetry connection closed" +
-                           (first ? " (the first rank to go)" : " (after another rank went: likely a consequence)")));
+                           (first ? " (the first rank to go)" : " (after another rank went: likely a consequence)") +
+                           whereIs(r, now_ns)));
   }
   // Silent ranks.
   const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
@@ -216,7 +240,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       silent_reported_[r] = true;
       out.push_back(make(VerdictKind::kSilentRank, {r},
                          "no telemetry from rank " + std::to_string(r) + " for " + fmtS(now_ns - last_seen_ns_[r]) +
-                             " (timeout " + fmtS(silence) + ")"));
+                             " (timeout " + fmtS(silence) + ")" + whereIs(r, now_ns)));
     }
   }
   // Own-watchdog reports and straggler findings, as they came.
@@ -241,7 +265,15 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     if (!missing.empty()) {
       out.push_back(make(VerdictKind::kHungRank, missing,
                          what + ": rank(s) " + listRanks(missing) + " never entered it; " +
-                             std::to_string(p.entered_count) + " of " + std::to_string(world_) + " did",
+                             std::to_string(p.entered_count) + " of " + std::to_string(world_) + " did" +
+                             whereIs(missing.front(), now_ns),
+                         seq, collectiveOpName(p.op)));
+    } else if (p.exited_count > 0) {
+      // The others got through: the collective works, these ranks are stuck inside it.
+      out.push_back(make(VerdictKind::kHungRank, unfinished,
+                         what + ": every rank entered it and " + std::to_string(p.exited_count) +
+                             " completed it; rank(s) " + listRanks(unfinished) + " did not" +
+                             whereIs(unfinished.front(), now_ns),
                          seq, collectiveOpName(p.op)));
     } else {
       out.push_back(make(VerdictKind::kCommunicationFault, unfinished,

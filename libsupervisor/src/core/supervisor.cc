@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <future>
 #include <thread>
+#include <condition_variable>
 #include <mutex>
 #include <spdlog/spdlog.h>
 #include <vector>
@@ -54,12 +55,17 @@ struct Supervisor::Impl {
   void onTick();
   void onWarn(const StallReport& r);
   void onStall(const StallReport& r);
+  void dumpStacks(std::chrono::milliseconds timeout);
   void onUnresponsive(Nanos silent);
   void onAbortDeadline();
   void onAbortOrder(const WireAbort& a);
   void runAbortCallbacks(const StallReport& r);
   void emergency(const std::string& message, int code);
   void terminate(int code);
+  // The coordinator's abort order arrived (close(failed) waits for it briefly).
+  std::mutex abort_mu;
+  std::condition_variable abort_cv;
+  bool abort_ordered = false;  // guarded by abort_mu
   ~Impl() {
     if (emergency_fd >= 0) ::close(emergency_fd);
   }
@@ -146,29 +152,9 @@ void Supervisor::Impl::onWarn(const StallReport& r) {
                                  {"budget_kind", budgetKindName(r.budget.kind)}});
 }
 
-void Supervisor::Impl::onStall(const StallReport& r) {
-  const bool exiting = config.stall_action == StallAction::kExit;
-  const Nanos start = clock->monotonicNow();
-  // The dump (and, when exiting, the abort callbacks) keep this thread busy: the monitor then
-  // watches this deadline instead of the heartbeat, in warn mode too.
-  watchdog->setAbortDeadline(start + fromSeconds(config.abort_grace_s));
+// Every thread's native stack, then the extra dumps (Python), into the rank log and an event.
+void Supervisor::Impl::dumpStacks(std::chrono::milliseconds timeout) {
   auto& log = *logger.logger;
-  log.error("STALL: section '{}' (step {}) made no progress for {} s; its {} budget is {} s. {}", r.section, r.step,
-            seconds(r.elapsed), budgetKindName(r.budget.kind), seconds(r.budget.limit),
-            exiting ? fmt::format("Dumping stacks, running abort callbacks, then exiting with code {} ({}).",
-                                  kExitStall, exitCodeName(kExitStall))
-                    : std::string("Dumping stacks; stall_action=warn keeps the process running."));
-  if (telemetry) telemetry->reportStall(r.section, r.step);  // the coordinator hears it first
-  events->write("stall", {{"section", r.section},
-                          {"step", r.step},
-                          {"depth", r.depth},
-                          {"elapsed_s", toSeconds(r.elapsed)},
-                          {"budget_s", toSeconds(r.budget.limit)},
-                          {"budget_kind", budgetKindName(r.budget.kind)},
-                          {"action", stallActionName(config.stall_action)}});
-  // Leave at least half of the grace period for the abort callbacks.
-  auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000));
   StackDump dump = dumpAllThreadStacks(timeout);
   int training = training_tid.load();
   for (ThreadStack& t : dump.threads) {
@@ -203,6 +189,32 @@ void Supervisor::Impl::onStall(const StallReport& r) {
                                {"training_tid", training},
                                {"extra_dumps", extra},
                                {"log_file", log_path}});
+}
+
+void Supervisor::Impl::onStall(const StallReport& r) {
+  const bool exiting = config.stall_action == StallAction::kExit;
+  const Nanos start = clock->monotonicNow();
+  // The dump (and, when exiting, the abort callbacks) keep this thread busy: the monitor then
+  // watches this deadline instead of the heartbeat, in warn mode too.
+  watchdog->setAbortDeadline(start + fromSeconds(config.abort_grace_s));
+  auto& log = *logger.logger;
+  log.error("STALL: section '{}' (step {}) made no progress for {} s; its {} budget is {} s. {}", r.section, r.step,
+            seconds(r.elapsed), budgetKindName(r.budget.kind), seconds(r.budget.limit),
+            exiting ? fmt::format("Dumping stacks, running abort callbacks, then exiting with code {} ({}).",
+                                  kExitStall, exitCodeName(kExitStall))
+                    : std::string("Dumping stacks; stall_action=warn keeps the process running."));
+  if (telemetry) telemetry->reportStall(r.section, r.step);  // the coordinator hears it first
+  events->write("stall", {{"section", r.section},
+                          {"step", r.step},
+                          {"depth", r.depth},
+                          {"elapsed_s", toSeconds(r.elapsed)},
+                          {"budget_s", toSeconds(r.budget.limit)},
+                          {"budget_kind", budgetKindName(r.budget.kind)},
+                          {"action", stallActionName(config.stall_action)}});
+  // Leave at least half of the grace period for the abort callbacks.
+  auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000));
+  dumpStacks(timeout);
   log.flush();
   if (!exiting) {
     watchdog->clearAbortDeadline();
@@ -223,12 +235,23 @@ void Supervisor::Impl::onStall(const StallReport& r) {
 // The coordinator's order to abort: bounded like a stall (the monitor enforces abort_grace_s),
 // abort callbacks run (e.g. NCCL communicator abort), then the process ends with kExitAborted.
 void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu);
+    abort_ordered = true;
+  }
+  abort_cv.notify_all();
   watchdog->setAbortDeadline(clock->monotonicNow() + fromSeconds(config.abort_grace_s));
   auto& log = *logger.logger;
   log.error("ABORT ordered by the job coordinator: verdict {} on rank {} (host {}); exiting with code {} ({})", a.kind,
             a.culprit_rank, a.host, kExitAborted, exitCodeName(kExitAborted));
   events->write("abort_ordered", {{"verdict", std::string(a.kind)}, {"culprit_rank", a.culprit_rank},
                                   {"culprit_host", std::string(a.host)}});
+  if (a.culprit_rank == config.identity.rank) {
+    // Named as the culprit and still able to hear: show where this rank is stuck.
+    log.error("this rank is the culprit named by the verdict; dumping stacks");
+    dumpStacks(std::chrono::milliseconds(
+        static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000)));
+  }
   StallReport r;
   r.section = "abort";
   r.step = progress->snapshot().last_step;
@@ -347,6 +370,14 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
     t.local_rank = c.identity.local_rank;
     t.node_name = c.identity.host;
     if (gpu) t.gpu = std::to_string(gpu->index) + ":" + gpu->uuid;
+    Impl* pm = impl.get();
+    t.progress = [pm](WireHeartbeat& hb) {  // on the client's thread: a seqlock snapshot
+      ProgressTracker::Snapshot s = pm->progress->snapshot();
+      hb.step = s.step >= 0 ? s.step : s.last_step;
+      hb.in_section_ns = (pm->clock->monotonicNow() - s.started).count();
+      std::string name = s.depth > 0 ? pm->progress->sectionName(s.section) : std::string("between-steps");
+      std::strncpy(hb.section, name.c_str(), sizeof(hb.section) - 1);
+    };
     Impl* mp = impl.get();
     t.on_abort = [mp](const WireAbort& a) { mp->onAbortOrder(a); };
     auto client = TelemetryClient::start(t);
@@ -362,8 +393,19 @@ Supervisor::Supervisor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Supervisor::~Supervisor() { close(); }
 
-void Supervisor::close() {
+void Supervisor::close(bool failed) {
   if (impl_->closed.exchange(true)) return;
+  if (failed && impl_->telemetry) {
+    std::unique_lock<std::mutex> lock(impl_->abort_mu);
+    const double wait_s = std::min(1.0, impl_->config.abort_grace_s);
+    if (impl_->abort_cv.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return impl_->abort_ordered; })) {
+      // The abort path owns the exit now: it ends the process within abort_grace_s (its
+      // watchdog deadline enforces that). Only a test's exit hook returns from it.
+      impl_->abort_cv.wait_for(lock, std::chrono::duration<double>(impl_->config.abort_grace_s + 1),
+                               [] { return false; });
+    }
+  }
+  if (failed && impl_->telemetry) impl_->telemetry->dropConnection();
   if (impl_->checkpointer) {
     // Flush a pending persist: the newest checkpoint is the one a restart will want.
     Status s = impl_->checkpointer->waitIdle(fromSeconds(impl_->config.checkpoint.commit_timeout_s));

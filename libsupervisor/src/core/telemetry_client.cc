@@ -153,8 +153,18 @@ void TelemetryClient::Impl::loop() {
     std::deque<WireStall> new_stalls;
     bool last = false;
     {
+      // Until the next interval, a stall report or stop; abort orders are read every 20 ms
+      // meanwhile, so that every rank acts on one within moments of the others.
+      const auto deadline = std::chrono::steady_clock::now() + interval;
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, interval, [&] { return stopping || !stalls.empty(); });
+      for (;;) {
+        auto until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+        if (cv.wait_until(lock, until, [&] { return stopping || !stalls.empty(); })) break;
+        if (std::chrono::steady_clock::now() >= deadline) break;
+        lock.unlock();
+        receive();
+        lock.lock();
+      }
       last = stopping;
       if (last && !goodbye) return;  // dropped: as if the process died
       new_stalls.swap(stalls);
@@ -200,7 +210,11 @@ void TelemetryClient::Impl::loop() {
     if (ok) {
       WireMessage hb;
       hb.type = WireType::kHeartbeat;
-      hb.heartbeats.push_back({options.rank, -1, Clock::real().monotonicNow().count()});
+      WireHeartbeat beat;
+      beat.rank = options.rank;
+      beat.sent_ns = Clock::real().monotonicNow().count();
+      if (options.progress) options.progress(beat);
+      hb.heartbeats.push_back(beat);
       ok = sendFrame(hb);
     }
     if (ok) receive();

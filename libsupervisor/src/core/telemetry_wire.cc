@@ -11,7 +11,7 @@ constexpr uint16_t kVersion = 1;
 constexpr size_t kHeader = 4 + 2 + 2 + 4 + 16;
 // Fixed record sizes on the wire (packed, little-endian).
 constexpr size_t kCollectiveSize = 4 + 8 + 1 + 8 + 8 + 8;
-constexpr size_t kHeartbeatSize = 4 + 8 + 8;
+constexpr size_t kHeartbeatSize = 4 + 8 + 8 + 8 + 32;
 constexpr size_t kStallSize = 4 + 8 + 32;
 constexpr size_t kAbortSize = 4 + 24 + 64;
 constexpr size_t kHelloSize = 4 + 4 + 64 + 64;
@@ -78,6 +78,8 @@ std::string encodeFrame(const WireMessage& m, const JobToken& token) {
         put(payload, h.rank);
         put(payload, h.step);
         put(payload, h.sent_ns);
+        put(payload, h.in_section_ns);
+        payload.append(h.section, sizeof(h.section));
       }
       break;
     case WireType::kStall:
@@ -181,6 +183,8 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
         hb.rank = get<int32_t>(q);
         hb.step = get<int64_t>(q);
         hb.sent_ns = get<int64_t>(q);
+        hb.in_section_ns = get<int64_t>(q);
+        getText(q, hb.section);
         m.heartbeats.push_back(hb);
       } else if (m.type == WireType::kAbort) {
         WireAbort a;
