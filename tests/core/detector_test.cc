@@ -97,6 +97,20 @@ TEST(DetectorTest, AllEnteredSomeCompletedNamesTheRanksStuckInside) {
   EXPECT_NE(v[0].evidence.find("3 completed it"), std::string::npos) << v[0].evidence;
 }
 
+TEST(DetectorTest, ACoordinatorThatTookOverExpectsEveryRank) {
+  Detector det(fourRanks());
+  det.expectRanks(0, 3.0);  // took over at t=0; ranks must show up within 3 s
+  for (int r : {0, 1, 3}) det.onHeartbeat(r, 2 * kS);
+  EXPECT_TRUE(det.evaluate(2900 * kMs).empty());
+  for (int r : {0, 1, 3}) det.onHeartbeat(r, 3 * kS);
+  auto v = det.evaluate(3100 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
+  EXPECT_EQ(v[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-c"});
+  EXPECT_NE(v[0].evidence.find("since this coordinator took over"), std::string::npos) << v[0].evidence;
+}
+
 TEST(DetectorTest, SilentAndDeadRanks) {
   Job job;
   for (int i = 0; i < 5; ++i) job.step(even(10 * kMs));

@@ -11,11 +11,16 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "trainsup/checkpointer.h"
 #include "trainsup/collective_tracker.h"
+#include "trainsup/config.h"
+#include "trainsup/coordinator.h"
 #include "trainsup/exit_codes.h"
+#include "trainsup/node_monitor.h"
 #include "trainsup/supervisor.h"
 #include "trainsup/version.h"
 
@@ -291,6 +296,115 @@ std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
   return *r;
 }
 
+// The job coordinator for the launcher (trainsup/telemetry.py): verdicts are buffered here and
+// taken by Python, so the coordinator's I/O thread never needs the GIL.
+class PyCoordinator {
+ public:
+  PyCoordinator(int world, const std::string& token_hex, const std::string& bind, int port, double hang_floor_s,
+                double heartbeat_timeout_s, double expect_within_s,
+                const std::vector<std::tuple<int, int, std::string, std::string>>& known) {
+    auto token = parseJobToken(token_hex);
+    if (!token) throw py::value_error(token.status().message());
+    std::vector<RankInfo> ranks;
+    for (int r = 0; r < world; ++r) ranks.push_back({r, 0, "", ""});
+    for (const auto& [rank, local_rank, host, gpu] : known) {
+      if (rank >= 0 && rank < world) ranks[rank] = {rank, local_rank, host, gpu};
+    }
+    CoordinatorOptions o;
+    o.bind_address = bind;
+    o.port = static_cast<uint16_t>(port);
+    o.expect_ranks_within_s = expect_within_s;
+    DetectorOptions d;
+    d.hang_floor_s = hang_floor_s;
+    d.heartbeat_timeout_s = heartbeat_timeout_s;
+    auto c = Coordinator::start(ranks, *token, o, d, [this](const Verdict& v) {
+      std::lock_guard<std::mutex> lock(mu_);
+      verdicts_.push_back(v);
+    });
+    if (!c) throw std::runtime_error(c.status().toString());
+    coordinator_ = std::move(*c);
+  }
+  int port() const { return coordinator_->port(); }
+  py::list takeVerdicts() {
+    std::vector<Verdict> got;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      got.swap(verdicts_);
+    }
+    py::list out;
+    for (const auto& v : got) {
+      py::dict d;
+      d["kind"] = verdictKindName(v.kind);
+      d["ranks"] = v.ranks;
+      d["hosts"] = v.hosts;
+      d["seq"] = v.seq;
+      d["op"] = v.op;
+      d["section"] = v.section;
+      d["step"] = v.step;
+      d["evidence"] = v.evidence;
+      out.append(d);
+    }
+    return out;
+  }
+  std::vector<std::tuple<int, int, std::string, std::string>> knownRanks() const {
+    std::vector<std::tuple<int, int, std::string, std::string>> out;
+    for (const auto& r : coordinator_->knownRanks()) out.emplace_back(r.rank, r.local_rank, r.host, r.gpu);
+    return out;
+  }
+  py::dict counters() const {
+    auto c = coordinator_->counters();
+    py::dict d;
+    d["connections"] = c.connections;
+    d["frames"] = c.frames;
+    d["records"] = c.records;
+    d["dropped_frames"] = c.dropped_frames;
+    d["verdicts"] = c.verdicts;
+    d["consequences"] = c.consequences;
+    return d;
+  }
+  void stop() { coordinator_->stop(); }
+
+ private:
+  std::unique_ptr<Coordinator> coordinator_;
+  std::mutex mu_;
+  std::vector<Verdict> verdicts_;  // guarded by mu_
+};
+
+class PyNodeMonitor {
+ public:
+  PyNodeMonitor(const std::string& socket_path, const std::string& host, int port, const std::string& token_hex,
+                double forward_interval_s) {
+    auto token = parseJobToken(token_hex);
+    if (!token) throw py::value_error(token.status().message());
+    NodeMonitorOptions o;
+    o.socket_path = socket_path;
+    o.coordinator_host = host;
+    o.coordinator_port = static_cast<uint16_t>(port);
+    o.forward_interval_s = forward_interval_s;
+    auto m = NodeMonitor::start(o, *token);
+    if (!m) throw std::runtime_error(m.status().toString());
+    monitor_ = std::move(*m);
+  }
+  void setCoordinator(const std::string& host, int port) { monitor_->setCoordinator(host, static_cast<uint16_t>(port)); }
+  py::dict counters() const {
+    auto c = monitor_->counters();
+    py::dict d;
+    d["local_connections"] = c.local_connections;
+    d["records_in"] = c.records_in;
+    d["records_forwarded"] = c.records_forwarded;
+    d["records_dropped"] = c.records_dropped;
+    d["dropped_frames"] = c.dropped_frames;
+    d["coordinator_connects"] = c.coordinator_connects;
+    d["coordinator_connected"] = c.coordinator_connected;
+    d["aborts_relayed"] = c.aborts_relayed;
+    return d;
+  }
+  void stop() { monitor_.reset(); }
+
+ private:
+  std::unique_ptr<NodeMonitor> monitor_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_trainsup, m) {
@@ -301,6 +415,24 @@ PYBIND11_MODULE(_trainsup, m) {
   m.attr("EXIT_WATCHDOG_UNRESPONSIVE") = kExitWatchdogUnresponsive;
   m.attr("EXIT_BAD_CONFIG") = kExitBadConfig;
   m.attr("EXIT_ABORTED") = kExitAborted;
+
+  py::class_<PyCoordinator>(m, "Coordinator")
+      .def(py::init<int, const std::string&, const std::string&, int, double, double, double,
+                    const std::vector<std::tuple<int, int, std::string, std::string>>&>(),
+           py::arg("world"), py::arg("token"), py::arg("bind") = "127.0.0.1", py::arg("port") = 0,
+           py::arg("hang_floor_s") = 5.0, py::arg("heartbeat_timeout_s") = 5.0, py::arg("expect_within_s") = 0.0,
+           py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{})
+      .def_property_readonly("port", &PyCoordinator::port)
+      .def("take_verdicts", &PyCoordinator::takeVerdicts)
+      .def("known_ranks", &PyCoordinator::knownRanks)
+      .def("counters", &PyCoordinator::counters)
+      .def("stop", &PyCoordinator::stop, py::call_guard<py::gil_scoped_release>());
+  py::class_<PyNodeMonitor>(m, "NodeMonitor")
+      .def(py::init<const std::string&, const std::string&, int, const std::string&, double>(), py::arg("socket_path"),
+           py::arg("host"), py::arg("port"), py::arg("token"), py::arg("forward_interval_s") = 0.05)
+      .def("set_coordinator", &PyNodeMonitor::setCoordinator)
+      .def("counters", &PyNodeMonitor::counters)
+      .def("stop", &PyNodeMonitor::stop, py::call_guard<py::gil_scoped_release>());
 
   py::class_<PyScope>(m, "Scope")
       .def("__enter__", &PyScope::enter, py::return_value_policy::reference)

@@ -32,6 +32,9 @@ struct CoordinatorOptions {
   uint16_t port = 0;  // 0: pick a free port (see Coordinator::port())
   double evaluate_interval_s = 0.1;
   bool abort_on_verdict = true;  // tell every connected rank to abort after the first fatal verdict
+  // > 0: a coordinator taking over a running job; every rank not heard from within this many
+  // seconds of start is a silent rank (Detector::expectRanks).
+  double expect_ranks_within_s = 0;
 };
 
 class TRAINSUP_EXPORT Coordinator {
@@ -52,6 +55,9 @@ class TRAINSUP_EXPORT Coordinator {
     uint64_t consequences = 0;  // verdicts after the abort order: counted, not reported
   };
   Counters counters() const;
+  // What the coordinator knows of every rank (from start() and the hellos since), for a
+  // successor to start from. Thread-safe.
+  std::vector<RankInfo> knownRanks() const;
 
   struct Impl;  // implementation detail (src/core/coordinator.cc)
 

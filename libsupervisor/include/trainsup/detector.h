@@ -75,6 +75,9 @@ class TRAINSUP_EXPORT Detector {
   // it); verdicts about the rank quote it.
   void onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns, int64_t now_ns);
   void onDisconnect(int rank, int64_t now_ns);
+  // Every rank not heard from yet is expected within `within_s` of now: after that it is a
+  // silent rank. For a coordinator that takes over a running job, whose ranks all exist.
+  void expectRanks(int64_t now_ns, double within_s);
   // The rank said goodbye (a normal end): no verdict about its silence or departure follows.
   void onFinished(int rank);
   void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);
@@ -115,6 +118,7 @@ class TRAINSUP_EXPORT Detector {
   std::vector<Progress> progress_;
   std::string whereIs(int rank, int64_t now_ns) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
+  std::vector<bool> expected_only_;  // last_seen_ns_ is an expectation, not a sighting
   bool any_dead_reported_ = false;
   std::vector<Verdict> queued_;  // found between evaluate() calls, reported by the next one
   // Learned budgets: recent max-over-ranks waits per op kind.

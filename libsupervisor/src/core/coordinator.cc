@@ -35,6 +35,7 @@ struct Coordinator::Impl {
 
   mutable std::mutex counters_mu;
   Counters counters;  // guarded by counters_mu
+  std::vector<RankInfo> known;  // guarded by counters_mu: updated by hellos
   std::once_flag stopped;
 
   void accept();
@@ -108,6 +109,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
         info.host = h.host;
         info.gpu = h.gpu;
         o.detector->setRankInfo(info);
+        {
+          std::lock_guard<std::mutex> lock(o.counters_mu);
+          if (h.rank >= 0 && static_cast<size_t>(h.rank) < o.known.size()) {
+            RankInfo& k = o.known[h.rank];
+            k.local_rank = info.local_rank;
+            if (!info.host.empty()) k.host = info.host;
+            if (!info.gpu.empty()) k.gpu = info.gpu;
+          }
+        }
       }
       for (const auto& g : m.gones) {
         if (g.reason == kGoneFinished) {
@@ -191,7 +201,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(std::vector<RankInfo> ra
   impl->token = token;
   impl->options = options;
   impl->on_verdict = std::move(on_verdict);
+  impl->known = ranks;
   impl->detector = std::make_unique<Detector>(std::move(ranks), detector);
+  if (options.expect_ranks_within_s > 0) impl->detector->expectRanks(nowNs(), options.expect_ranks_within_s);
   boost::system::error_code ec;
   auto address = asio::ip::make_address(options.bind_address, ec);
   if (ec) return Status::invalidArgument("coordinator bind address '" + options.bind_address + "': " + ec.message());
@@ -231,6 +243,11 @@ void Coordinator::stop() {
     });
     if (impl_->thread.joinable()) impl_->thread.join();
   });
+}
+
+std::vector<RankInfo> Coordinator::knownRanks() const {
+  std::lock_guard<std::mutex> lock(impl_->counters_mu);
+  return impl_->known;
 }
 
 Coordinator::Counters Coordinator::counters() const {

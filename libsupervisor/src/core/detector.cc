@@ -45,6 +45,7 @@ Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
       dead_(world_, false),
       dead_reported_(world_, false),
       finished_(world_, false),
+      expected_only_(world_, false),
       recent_waits_(kCollectiveOpCount),
       completed_by_op_(kCollectiveOpCount, 0),
       latest_count_(world_, 0),
@@ -74,6 +75,7 @@ Verdict Detector::make(VerdictKind kind, std::vector<int> ranks, std::string evi
 void Detector::onHeartbeat(int rank, int64_t now_ns) {
   if (rank < 0 || rank >= world_) return;
   last_seen_ns_[rank] = now_ns;
+  expected_only_[rank] = false;
   silent_reported_[rank] = false;
 }
 
@@ -96,6 +98,15 @@ std::string Detector::whereIs(int rank, int64_t now_ns) const {
   (void)now_ns;
   return "; rank " + std::to_string(rank) + " was in section '" + p.section + "' (step " + std::to_string(p.step) +
          ") for " + fmtS(p.in_section_ns) + " at its last heartbeat";
+}
+
+void Detector::expectRanks(int64_t now_ns, double within_s) {
+  const int64_t shift = static_cast<int64_t>((within_s - options_.heartbeat_timeout_s) * 1e9);
+  for (int r = 0; r < world_; ++r) {
+    if (last_seen_ns_[r] >= 0 || expected_only_[r]) continue;
+    last_seen_ns_[r] = now_ns + shift;  // silent once `within_s` has passed
+    expected_only_[r] = true;
+  }
 }
 
 void Detector::onFinished(int rank) {
@@ -235,12 +246,16 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   // Silent ranks.
   const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
   for (int r = 0; r < world_; ++r) {
-    if (dead_[r] || finished_[r] || silent_reported_[r] || last_seen_ns_[r] < 0) continue;
+    if (dead_[r] || finished_[r] || silent_reported_[r] || (last_seen_ns_[r] < 0 && !expected_only_[r])) continue;
     if (now_ns - last_seen_ns_[r] > silence) {
       silent_reported_[r] = true;
       out.push_back(make(VerdictKind::kSilentRank, {r},
-                         "no telemetry from rank " + std::to_string(r) + " for " + fmtS(now_ns - last_seen_ns_[r]) +
-                             " (timeout " + fmtS(silence) + ")" + whereIs(r, now_ns)));
+                         expected_only_[r]
+                             ? "no telemetry from rank " + std::to_string(r) +
+                                   " since this coordinator took over the job"
+                             : "no telemetry from rank " + std::to_string(r) + " for " +
+                                   fmtS(now_ns - last_seen_ns_[r]) + " (timeout " + fmtS(silence) + ")" +
+                                   whereIs(r, now_ns)));
     }
   }
   // Own-watchdog reports and straggler findings, as they came.

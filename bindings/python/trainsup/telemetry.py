@@ -1,0 +1,206 @@
+"""Per-host telemetry services, as the launcher runs them in each node's agent.
+
+NodeServices(store, ...) runs this host's node monitor (ranks connect to its Unix socket:
+TRAINSUP_COORDINATOR=unix:<path>) and takes part in choosing the job coordinator through the
+job's c10d store (torchrun's rendezvous store, a TCPStore, or any store with compare_set):
+
+  trainsup/telemetry/<job>/token        the job token: the first agent's random one wins
+  trainsup/telemetry/<job>/coordinator  "<host>:<port>/<epoch>" of the coordinator in office
+  trainsup/telemetry/<job>/ranks        JSON [[rank, local_rank, host, gpu], ...] it has learned
+  trainsup/telemetry/<job>/verdict      JSON of the first fatal verdict (what the agents act on)
+
+Election: every agent tries compare_set(coordinator, "", mine); the winner starts the
+coordinator and the others point their node monitors at it. Takeover: when an agent's node
+monitor has not been connected to the coordinator in office for `takeover_s`, the agent starts a
+coordinator of its own, seeded with the published rank table and expecting every rank within
+`heartbeat_timeout_s`, and offers it with compare_set(coordinator, <the silent one>, mine); one
+agent wins, everyone follows the key. A background thread does all this every 0.2 s and
+publishes the coordinator's verdicts and rank table. Without a store (one host), the agent
+simply runs both.
+"""
+import json
+import os
+import secrets
+import threading
+import time
+
+from . import _trainsup
+
+
+def _key(job_id, name):
+    return f"trainsup/telemetry/{job_id}/{name}"
+
+
+def _text(value):
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+_ABSENT = "\x00trainsup-absent\x00"
+
+
+def peek(store, key):
+    """The value of `key`, or None when it is not set, without waiting (torch 1.13's Python
+    stores have no check()): compare_set with an expected value no one writes changes nothing
+    and returns the current value, or the expected one when the key is absent."""
+    value = _text(store.compare_set(key, _ABSENT, _ABSENT))
+    return None if value == _ABSENT else value
+
+
+class NodeServices:
+    def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
+                 takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, on_verdict=None):
+        self.store = store
+        self.job_id = job_id
+        self.node_name = node_name
+        self.world_size = int(world_size)
+        self.bind = bind
+        self.advertise = advertise or bind
+        self.takeover_s = takeover_s
+        self.hang_floor_s = hang_floor_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.on_verdict = on_verdict
+        os.makedirs(socket_dir, mode=0o700, exist_ok=True)
+        self.socket_path = os.path.join(socket_dir, f"trainsup-{job_id}-{node_name}.sock")
+        self.token = self._agree_token()
+        self.coordinator = None       # ours, when in office (or offered)
+        self.following = None         # "host:port/epoch" our node monitor points at
+        self.verdicts = []            # every verdict our coordinator reached
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._disconnected_since = None
+        self.monitor = _trainsup.NodeMonitor(self.socket_path, "127.0.0.1", 0, self.token)
+        self._follow_or_elect()
+        self._thread = threading.Thread(target=self._run, name="trainsup-node-services", daemon=True)
+        self._thread.start()
+
+    # --- what the ranks of this host need ---
+    @property
+    def rank_env(self):
+        return {"TRAINSUP_COORDINATOR": f"unix:{self.socket_path}", "TRAINSUP_JOB_TOKEN": self.token}
+
+    @property
+    def in_office(self):
+        return self.coordinator is not None and self.following == self._mine
+
+    # --- internals ---
+    def _agree_token(self):
+        mine = secrets.token_hex(16)
+        if self.store is None:
+            return mine
+        return _text(self.store.compare_set(_key(self.job_id, "token"), "", mine))
+
+    def _published(self):
+        if self.store is None:
+            return self.following or ""
+        try:
+            return peek(self.store, _key(self.job_id, "coordinator")) or ""
+        except Exception:  # the store itself is unreachable: keep what we follow
+            return self.following or ""
+
+    def _start_coordinator(self, takeover):
+        known = []
+        if takeover and self.store is not None:
+            try:
+                text = peek(self.store, _key(self.job_id, "ranks"))
+                if text:
+                    known = [tuple(r) for r in json.loads(text)]
+            except Exception:
+                known = []
+        c = _trainsup.Coordinator(self.world_size, self.token, bind=self.bind, port=0,
+                                  hang_floor_s=self.hang_floor_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
+                                  expect_within_s=self.heartbeat_timeout_s + 1.0 if takeover else 0.0,
+                                  known_ranks=known)
+        epoch = int(time.time() * 1000)
+        self._mine = f"{self.advertise}:{c.port}/{epoch}"
+        return c
+
+    def _follow(self, published):
+        if published and published != self.following:
+            address = published.split("/")[0]
+            host, port = address.rsplit(":", 1)
+            self.monitor.set_coordinator(host, int(port))
+            self.following = published
+            self._disconnected_since = None
+
+    def _follow_or_elect(self, expected=""):
+        """Offers our own coordinator for the office held by `expected` ("" = nobody)."""
+        candidate = self._start_coordinator(takeover=bool(expected))
+        if self.store is None:
+            won = self._mine
+        else:
+            won = _text(self.store.compare_set(_key(self.job_id, "coordinator"), expected, self._mine))
+        if won == self._mine:
+            if self.coordinator is not None:
+                self.coordinator.stop()
+            self.coordinator = candidate
+        else:
+            candidate.stop()
+        self._follow(won)
+
+    def _publish(self):
+        c = self.coordinator
+        if c is None or not self.in_office:
+            return
+        verdicts = c.take_verdicts()
+        if verdicts:
+            with self._lock:
+                self.verdicts.extend(verdicts)
+            fatal = [v for v in verdicts if v["kind"] != "straggler"]
+            if fatal and self.store is not None:
+                self.store.compare_set(_key(self.job_id, "verdict"), "", json.dumps(fatal[0]))
+            if self.on_verdict:
+                for v in verdicts:
+                    self.on_verdict(v)
+        if self.store is not None:
+            table = [list(r) for r in c.known_ranks() if r[2]]
+            text = json.dumps(table)
+            if text != getattr(self, "_last_table", None):
+                self.store.set(_key(self.job_id, "ranks"), text)
+                self._last_table = text
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            try:
+                self._tick()
+            except Exception as e:  # the store may be gone for a moment; try again next tick
+                self._last_error = e
+
+    def _tick(self):
+        published = self._published()
+        if published and published != self.following:
+            if self.coordinator is not None and not self.in_office:
+                self.coordinator.stop()
+                self.coordinator = None
+            self._follow(published)
+        self._publish()
+        connected = self.monitor.counters()["coordinator_connected"]
+        now = time.monotonic()
+        if connected or self.in_office:
+            self._disconnected_since = None
+            return
+        if self._disconnected_since is None:
+            self._disconnected_since = now
+        elif now - self._disconnected_since >= self.takeover_s:
+            self._disconnected_since = None
+            self._follow_or_elect(expected=self.following or "")
+
+    def first_verdict(self):
+        """The job's first fatal verdict as published in the store (any agent), or None."""
+        if self.store is None:
+            with self._lock:
+                return self.verdicts[0] if self.verdicts else None
+        try:
+            text = peek(self.store, _key(self.job_id, "verdict"))
+            if text:
+                return json.loads(text)
+        except Exception:
+            pass
+        return None
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.monitor.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+            self.coordinator = None
