@@ -22,6 +22,7 @@
 #include "logging.h"
 #include "stop_signals.h"
 #include "trainsup/gpu.h"
+#include "trainsup/nccl.h"
 #include "trainsup/stack_dump.h"
 #include "trainsup/telemetry_client.h"
 #include "trainsup/version.h"
@@ -113,6 +114,14 @@ void Supervisor::Impl::emergency(const std::string& message, int code) {
 
 // Registered abort callbacks, in order, each guarded and recorded (stall exit and abort order).
 void Supervisor::Impl::runAbortCallbacks(const StallReport& r) {
+  // NCCL first: a rank blocked in a collective gets its error at once, and no kernel is left
+  // pending when the process exits.
+  if (registeredNcclCommunicators() > 0) {
+    NcclAbortResult n = abortNcclCommunicators();
+    logger.logger->error("aborted {} NCCL communicator(s){}", n.aborted,
+                         n.failed > 0 ? fmt::format("; {} failed: {}", n.failed, n.first_error.message()) : "");
+    events->write("nccl_abort", {{"aborted", n.aborted}, {"failed", n.failed}, {"error", n.first_error.message()}});
+  }
   std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
   {
     std::lock_guard<std::mutex> lock(callbacks_mu);
