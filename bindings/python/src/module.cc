@@ -11,8 +11,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <future>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <tuple>
 
 #include "trainsup/checkpointer.h"
@@ -515,6 +517,34 @@ PYBIND11_MODULE(_trainsup, m) {
       }, py::arg("channel"))
       .def("save", &save, py::arg("step"), py::arg("collect"), py::arg("now"))
       .def("restore", &restore, py::arg("load"))
+      .def("add_abort_callback", [](Supervisor& s, const std::string& name, py::function fn) {
+        // Called on the watchdog or telemetry thread, where waiting for the GIL could last
+        // forever (a stuck thread may hold it): a helper thread takes the GIL and runs the
+        // callback; we wait for it at most 1 s and move on.
+        std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+          py::gil_scoped_acquire gil;
+          delete f;
+        });
+        s.addAbortCallback(name, [held](const StallReport& r) {
+          auto done = std::make_shared<std::promise<std::string>>();
+          auto result = done->get_future();
+          std::thread([held, done, section = r.section, step = r.step] {
+            py::gil_scoped_acquire gil;
+            std::string error;
+            try {
+              (*held)(section, step);
+            } catch (py::error_already_set& e) {
+              error = e.what();
+            }
+            done->set_value(error);
+          }).detach();
+          if (result.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+            throw std::runtime_error("did not run within 1 s: another thread holds the GIL");
+          }
+          std::string error = result.get();
+          if (!error.empty()) throw std::runtime_error(error);
+        });
+      }, py::arg("name"), py::arg("callback"))
       .def("await_snapshot", [](Supervisor& s) {
         Status st;
         {

@@ -72,6 +72,8 @@ class Supervisor:
         self._include_rng = include_rng
         self._checkpoints = False
         self._snapshot_alive = None
+        if _nccl_initialized():
+            self._sup.add_abort_callback("torch.distributed", _abort_torch_distributed)
 
     # --- checkpoints: collective calls, every rank at the same steps ---
     def _ensure_checkpoints(self):
@@ -152,6 +154,12 @@ class Supervisor:
         step = self._sup.restore(lambda shard, manifest: load_into(state, shard))
         return 0 if step is None else step
 
+    def add_abort_callback(self, name, callback):
+        """Runs callback(section, step) when this rank aborts (a stall with stall_action=exit,
+        or the coordinator's abort order), before the process exits; on a trainsup thread,
+        with the GIL. Keep it short: the exit is bounded by abort_grace_s."""
+        self._sup.add_abort_callback(str(name), callback)
+
     def step(self, step):
         """Context manager timing one training step."""
         return self._sup.step(int(step))
@@ -208,6 +216,31 @@ _live = weakref.WeakSet()
 
 
 @atexit.register
+def _nccl_initialized():
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    return (dist is not None and dist.is_available() and dist.is_initialized()
+            and "nccl" in str(dist.get_backend()).lower())
+
+
+def _abort_torch_distributed(section, step):
+    """On abort: NCCL process groups are aborted so that no rank waits out NCCL's timeout and
+    no kernel is left pending at exit (torch 2.x; gloo and torch 1.x need nothing here)."""
+    import sys
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if "nccl" not in str(dist.get_backend()).lower():
+        return
+    c10d = dist.distributed_c10d
+    if hasattr(c10d, "_abort_process_group"):
+        c10d._abort_process_group()
+    else:
+        import torch
+        pg = c10d._get_default_group()
+        pg._get_backend(torch.device("cuda")).abort()
+
+
 def _close_all():
     for sup in list(_live):
         sup.close()

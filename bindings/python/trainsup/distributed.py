@@ -53,7 +53,13 @@ def init_process_group(backend="gloo", **kwargs):
     if name not in _registered:
         dist.Backend.register_backend(name, _creator(backend))
         _registered.add(name)
-    return dist.init_process_group(backend=name, **kwargs)
+    result = dist.init_process_group(backend=name, **kwargs)
+    if backend == "nccl":
+        # Supervisors created before the process group: abort it on their abort paths too.
+        from . import _live, _abort_torch_distributed
+        for sup in list(_live):
+            sup.add_abort_callback("torch.distributed", _abort_torch_distributed)
+    return result
 
 
 def collective_stats():
