@@ -30,7 +30,13 @@ int main(int argc, char** argv) {
   app.add_option("--hosts", hosts_csv, "host of each rank, comma-separated, in rank order");
   app.add_option("--hang-floor-s", d.hang_floor_s, "smallest collective budget");
   app.add_option("--heartbeat-timeout-s", d.heartbeat_timeout_s, "telemetry silence that names a rank");
+  std::string op_budgets;
+  app.add_option("--collective-budgets", op_budgets, "fixed budgets by op, e.g. allreduce=30,broadcast=120");
   CLI11_PARSE(app, argc, argv);
+  if (trainsup::Status s = trainsup::parseOpBudgets(op_budgets, d); !s.isOk()) {
+    std::fprintf(stderr, "trainsup_coordinator: --collective-budgets: %s\n", s.message().c_str());
+    return trainsup::kExitBadConfig;
+  }
   auto token = trainsup::parseJobToken(token_hex);
   if (!token) {
     std::fprintf(stderr, "trainsup_coordinator: --token: %s\n", token.status().message().c_str());
@@ -48,7 +54,7 @@ int main(int argc, char** argv) {
   o.port = static_cast<uint16_t>(port);
   auto c = trainsup::Coordinator::start(ranks, *token, o, d, [](const trainsup::Verdict& v) {
     nlohmann::json j = {{"event", "verdict"}, {"kind", trainsup::verdictKindName(v.kind)}, {"ranks", v.ranks},
-                        {"hosts", v.hosts}, {"seq", v.seq}, {"op", v.op}, {"section", v.section}, {"step", v.step},
+                        {"hosts", v.hosts}, {"local_ranks", v.local_ranks}, {"gpus", v.gpus}, {"seq", v.seq}, {"op", v.op}, {"section", v.section}, {"step", v.step},
                         {"evidence", v.evidence}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);

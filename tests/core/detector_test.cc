@@ -68,6 +68,7 @@ TEST(DetectorTest, RankThatNeverEntersIsNamedWithItsHostAfterTheBudget) {
   EXPECT_NE(v[0].evidence.find("never entered"), std::string::npos) << v[0].evidence;
   EXPECT_NE(v[0].evidence.find("was in section 'forward' (step 41) for 5.1"), std::string::npos) << v[0].evidence;
   EXPECT_EQ(v[0].section, "forward");
+  EXPECT_EQ(v[0].local_ranks, std::vector<int>{0});
   EXPECT_EQ(v[0].step, 41);
   EXPECT_TRUE(job.det.evaluate(job.now + 6 * kS).empty()) << "reported once";
 }
@@ -109,6 +110,20 @@ TEST(DetectorTest, ACoordinatorThatTookOverExpectsEveryRank) {
   EXPECT_EQ(v[0].ranks, std::vector<int>{2});
   EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-c"});
   EXPECT_NE(v[0].evidence.find("since this coordinator took over"), std::string::npos) << v[0].evidence;
+}
+
+TEST(DetectorTest, FixedBudgetsByOpReplaceLearnedOnesAndBadTextNamesTheEntry) {
+  DetectorOptions o;
+  ASSERT_TRUE(parseOpBudgets("allreduce=30, broadcast=0.5", o).isOk());
+  Detector det(fourRanks(), o);
+  bool learned = true;
+  EXPECT_EQ(det.budgetNs(CollectiveOp::kAllreduce, &learned), 30 * kS);
+  EXPECT_FALSE(learned);
+  EXPECT_EQ(det.budgetNs(CollectiveOp::kBroadcast), 500 * kMs);
+  Status bad = parseOpBudgets("allreduce=30,alltoall=x", o);
+  EXPECT_FALSE(bad.isOk());
+  EXPECT_NE(bad.message().find("'alltoall=x'"), std::string::npos) << bad.message();
+  EXPECT_NE(parseOpBudgets("sendrecv=5", o).message().find("unknown op 'sendrecv'"), std::string::npos);
 }
 
 TEST(DetectorTest, SilentAndDeadRanks) {

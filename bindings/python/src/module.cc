@@ -304,7 +304,8 @@ class PyCoordinator {
  public:
   PyCoordinator(int world, const std::string& token_hex, const std::string& bind, int port, double hang_floor_s,
                 double heartbeat_timeout_s, double expect_within_s,
-                const std::vector<std::tuple<int, int, std::string, std::string>>& known) {
+                const std::vector<std::tuple<int, int, std::string, std::string>>& known,
+                const std::string& collective_budgets) {
     auto token = parseJobToken(token_hex);
     if (!token) throw py::value_error(token.status().message());
     std::vector<RankInfo> ranks;
@@ -319,6 +320,7 @@ class PyCoordinator {
     DetectorOptions d;
     d.hang_floor_s = hang_floor_s;
     d.heartbeat_timeout_s = heartbeat_timeout_s;
+    if (Status s = parseOpBudgets(collective_budgets, d); !s.isOk()) throw py::value_error(s.message());
     auto c = Coordinator::start(ranks, *token, o, d, [this](const Verdict& v) {
       std::lock_guard<std::mutex> lock(mu_);
       verdicts_.push_back(v);
@@ -339,6 +341,8 @@ class PyCoordinator {
       d["kind"] = verdictKindName(v.kind);
       d["ranks"] = v.ranks;
       d["hosts"] = v.hosts;
+      d["local_ranks"] = v.local_ranks;
+      d["gpus"] = v.gpus;
       d["seq"] = v.seq;
       d["op"] = v.op;
       d["section"] = v.section;
@@ -420,10 +424,11 @@ PYBIND11_MODULE(_trainsup, m) {
 
   py::class_<PyCoordinator>(m, "Coordinator")
       .def(py::init<int, const std::string&, const std::string&, int, double, double, double,
-                    const std::vector<std::tuple<int, int, std::string, std::string>>&>(),
+                    const std::vector<std::tuple<int, int, std::string, std::string>>&, const std::string&>(),
            py::arg("world"), py::arg("token"), py::arg("bind") = "127.0.0.1", py::arg("port") = 0,
            py::arg("hang_floor_s") = 5.0, py::arg("heartbeat_timeout_s") = 5.0, py::arg("expect_within_s") = 0.0,
-           py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{})
+           py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{},
+           py::arg("collective_budgets") = "")
       .def_property_readonly("port", &PyCoordinator::port)
       .def("take_verdicts", &PyCoordinator::takeVerdicts)
       .def("known_ranks", &PyCoordinator::knownRanks)

@@ -48,7 +48,8 @@ def peek(store, key):
 
 class NodeServices:
     def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
-                 takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, on_verdict=None):
+                 takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, collective_budgets="",
+                 on_verdict=None):
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -58,6 +59,7 @@ class NodeServices:
         self.takeover_s = takeover_s
         self.hang_floor_s = hang_floor_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.collective_budgets = collective_budgets
         self.on_verdict = on_verdict
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         self.socket_path = os.path.join(socket_dir, f"trainsup-{job_id}-{node_name}.sock")
@@ -109,7 +111,7 @@ class NodeServices:
         c = _trainsup.Coordinator(self.world_size, self.token, bind=self.bind, port=0,
                                   hang_floor_s=self.hang_floor_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
                                   expect_within_s=self.heartbeat_timeout_s + 1.0 if takeover else 0.0,
-                                  known_ranks=known)
+                                  known_ranks=known, collective_budgets=self.collective_budgets)
         epoch = int(time.time() * 1000)
         self._mine = f"{self.advertise}:{c.port}/{epoch}"
         return c

@@ -19,6 +19,7 @@
 // Each verdict is reported once. Not thread-safe: one caller (the coordinator's loop).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -27,6 +28,7 @@
 
 #include "trainsup/collective_tracker.h"
 #include "trainsup/export.h"
+#include "trainsup/status.h"
 
 namespace trainsup {
 
@@ -47,7 +49,11 @@ struct DetectorOptions {
   int straggler_windows = 3;          // consecutive windows a rank must be the latest in
   double straggler_share = 0.6;       // ...in at least this share of the window's collectives
   double straggler_min_fraction = 0.1;  // mean lateness >= this x the job's median wait
+  // Fixed budgets that replace the learned ones, by op kind (index: CollectiveOp); 0 = learn.
+  std::array<double, kCollectiveOpCount> op_budget_s{};
 };
+// Parses "allreduce=30,broadcast=120" into options.op_budget_s; the error names the entry.
+TRAINSUP_EXPORT Status parseOpBudgets(const std::string& text, DetectorOptions& options);
 
 enum class VerdictKind { kHungRank, kCommunicationFault, kSilentRank, kDeadRank, kStalledRank, kStraggler };
 TRAINSUP_EXPORT const char* verdictKindName(VerdictKind kind);
@@ -56,6 +62,8 @@ struct Verdict {
   VerdictKind kind = VerdictKind::kHungRank;
   std::vector<int> ranks;          // the culprits (or the participants, for a communication fault)
   std::vector<std::string> hosts;  // their hosts, same order
+  std::vector<int> local_ranks;    // their local ranks, same order
+  std::vector<std::string> gpus;   // their GPUs ("index:uuid", empty when unknown), same order
   uint64_t seq = 0;                // the collective, where one is involved
   std::string op;
   std::string evidence;            // human-readable: what was seen, against which budget

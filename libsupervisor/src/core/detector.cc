@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace trainsup {
 namespace {
@@ -58,8 +59,10 @@ Verdict Detector::make(VerdictKind kind, std::vector<int> ranks, std::string evi
   Verdict v;
   v.kind = kind;
   for (int r : ranks) {
-    std::string host = r >= 0 && r < world_ ? ranks_[r].host : "?";
-    v.hosts.push_back(host);
+    const bool known = r >= 0 && r < world_;
+    v.hosts.push_back(known ? ranks_[r].host : "?");
+    v.local_ranks.push_back(known ? ranks_[r].local_rank : -1);
+    v.gpus.push_back(known ? ranks_[r].gpu : "");
   }
   if (!ranks.empty() && ranks.front() >= 0 && ranks.front() < world_ && progress_[ranks.front()].at_ns >= 0) {
     v.section = progress_[ranks.front()].section;
@@ -112,6 +115,34 @@ void Detector::expectRanks(int64_t now_ns, double within_s) {
 void Detector::onFinished(int rank) {
   if (rank < 0 || rank >= world_) return;
   finished_[rank] = true;
+}
+
+Status parseOpBudgets(const std::string& text, DetectorOptions& options) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find(',', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.find_first_not_of(" ") == std::string::npos) continue;
+    size_t eq = item.find('=');
+    std::string name = item.substr(0, eq == std::string::npos ? item.size() : eq);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    int op = -1;
+    for (int k = 0; k < kCollectiveOpCount; ++k) {
+      if (name == collectiveOpName(static_cast<CollectiveOp>(k))) op = k;
+    }
+    if (op < 0) return Status::invalidArgument("collective budget '" + item + "': unknown op '" + name + "'");
+    char* rest = nullptr;
+    const std::string value = eq == std::string::npos ? "" : item.substr(eq + 1);
+    double s = std::strtod(value.c_str(), &rest);
+    if (value.empty() || rest == value.c_str() || *rest != '\0' || !(s > 0) || !std::isfinite(s)) {
+      return Status::invalidArgument("collective budget '" + item + "': '" + value + "' is not a positive number of seconds");
+    }
+    options.op_budget_s[op] = s;
+  }
+  return Status::ok();
 }
 
 void Detector::setRankInfo(const RankInfo& info) {
@@ -213,6 +244,10 @@ void Detector::complete(uint64_t, Pending& p) {
 
 int64_t Detector::budgetNs(CollectiveOp op, bool* learned) const {
   const auto i = static_cast<size_t>(op);
+  if (options_.op_budget_s[i] > 0) {
+    if (learned != nullptr) *learned = false;
+    return static_cast<int64_t>(options_.op_budget_s[i] * 1e9);
+  }
   const int64_t floor_ns = static_cast<int64_t>(options_.hang_floor_s * 1e9);
   if (completed_by_op_[i] < options_.warmup_collectives) {
     if (learned != nullptr) *learned = false;
