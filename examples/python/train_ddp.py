@@ -67,6 +67,8 @@ def main():
     p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--jitter", type=float, default=0.0, help="e.g. 0.3: each step's compute x U(0.7, 1.3)")
+    p.add_argument("--raise-at-step", type=int, default=-1,
+                   help="fault injection: raise an exception (a user-code error) in step N of every attempt")
     p.add_argument("--fault-rank", type=int, default=-1, help="the rank that injects the faults above (-1: every rank)")
     p.add_argument("--stall-section", default=None,
                    help="with --stall-at-step: stall inside this section, before the step's collective")
@@ -130,6 +132,8 @@ def main():
                 sys.exit(trainsup.EXIT_STOP_REQUESTED)
             with sup.step(step):
                 compute_phase(step)
+                if step == args.raise_at_step:
+                    raise RuntimeError(f"injected user-code error at step {step}")
                 loss = train_step(ddp, optimizer, scheduler, rank, step)
                 if step == args.stall_at_step and not args.stall_section:
                     sup.event("fault_injected", kind="stall_sleep", step=step)

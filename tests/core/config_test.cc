@@ -113,6 +113,11 @@ TEST(ConfigTest, UnknownEnumWordsNameTheVariable) {
   expectBad({{"TRAINSUP_CHECKPOINT_SNAPSHOT", "lazy"}}, "TRAINSUP_CHECKPOINT_SNAPSHOT", "'lazy'");
 }
 
+TEST(ConfigTest, TheLaunchersRoundWinsOverTorchrunsPerAgentRestartCount) {
+  EXPECT_EQ(load({{"TORCHELASTIC_RESTART_COUNT", "3"}})->identity.restart_count, 3);
+  EXPECT_EQ(load({{"TORCHELASTIC_RESTART_COUNT", "0"}, {"TRAINSUP_RESTART_COUNT", "2"}})->identity.restart_count, 2);
+}
+
 TEST(ConfigTest, ReadsCheckpointSnapshotMode) {
   EXPECT_EQ(load({})->checkpoint.snapshot, SnapshotMode::kBlocking);
   auto c = load({{"TRAINSUP_CHECKPOINT_SNAPSHOT", "overlapped"}});

@@ -49,7 +49,7 @@ def peek(store, key):
 class NodeServices:
     def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
                  takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, collective_budgets="",
-                 on_verdict=None):
+                 on_verdict=None, on_event=None):
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -61,6 +61,7 @@ class NodeServices:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.collective_budgets = collective_budgets
         self.on_verdict = on_verdict
+        self.on_event = on_event or (lambda name, **fields: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         self.socket_path = os.path.join(socket_dir, f"trainsup-{job_id}-{node_name}.sock")
         self.token = self._agree_token()
@@ -135,6 +136,8 @@ class NodeServices:
             if self.coordinator is not None:
                 self.coordinator.stop()
             self.coordinator = candidate
+            self.on_event("coordinator_elected" if not expected else "coordinator_takeover",
+                          coordinator=won, replaced=expected)
         else:
             candidate.stop()
         self._follow(won)

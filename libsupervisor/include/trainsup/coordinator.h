@@ -32,8 +32,9 @@ struct CoordinatorOptions {
   uint16_t port = 0;  // 0: pick a free port (see Coordinator::port())
   double evaluate_interval_s = 0.1;
   bool abort_on_verdict = true;  // tell every connected rank to abort after the first fatal verdict
-  // > 0: a coordinator taking over a running job; every rank not heard from within this many
-  // seconds of start is a silent rank (Detector::expectRanks).
+  // > 0: a coordinator taking over a running job; every rank given a host in start()'s rank
+  // table (its predecessor had heard from it) and not heard from within this many seconds of
+  // start is a silent rank (Detector::expectRanks).
   double expect_ranks_within_s = 0;
 };
 

@@ -83,9 +83,10 @@ class TRAINSUP_EXPORT Detector {
   // it); verdicts about the rank quote it.
   void onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns, int64_t now_ns);
   void onDisconnect(int rank, int64_t now_ns);
-  // Every rank not heard from yet is expected within `within_s` of now: after that it is a
-  // silent rank. For a coordinator that takes over a running job, whose ranks all exist.
-  void expectRanks(int64_t now_ns, double within_s);
+  // Each of `ranks` not heard from yet is expected within `within_s` of now: after that it is a
+  // silent rank. For a coordinator that takes over a running job: the ranks its predecessor
+  // had heard from exist and must show up again.
+  void expectRanks(int64_t now_ns, double within_s, const std::vector<int>& ranks);
   // The rank said goodbye (a normal end): no verdict about its silence or departure follows.
   void onFinished(int rank);
   void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);

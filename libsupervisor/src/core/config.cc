@@ -225,6 +225,9 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
   r.integer("MASTER_PORT", id.master_port, 0, 65535);
   r.text("TORCHELASTIC_RUN_ID", id.run_id);
   r.integer("TORCHELASTIC_RESTART_COUNT", id.restart_count, 0);
+  // trainsup.run's rendezvous round: the same on every rank of an attempt, where torchrun's
+  // count is per agent (a spare that joins later starts at 0). It wins when set.
+  r.integer("TRAINSUP_RESTART_COUNT", id.restart_count, 0);
   // Ours.
   id.host = osHostName();
   r.text("TRAINSUP_NODE_NAME", id.host);

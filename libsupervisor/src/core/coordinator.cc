@@ -202,8 +202,14 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(std::vector<RankInfo> ra
   impl->options = options;
   impl->on_verdict = std::move(on_verdict);
   impl->known = ranks;
+  std::vector<int> heard_before;
+  for (const auto& r : ranks) {
+    if (!r.host.empty()) heard_before.push_back(r.rank);
+  }
   impl->detector = std::make_unique<Detector>(std::move(ranks), detector);
-  if (options.expect_ranks_within_s > 0) impl->detector->expectRanks(nowNs(), options.expect_ranks_within_s);
+  if (options.expect_ranks_within_s > 0) {
+    impl->detector->expectRanks(nowNs(), options.expect_ranks_within_s, heard_before);
+  }
   boost::system::error_code ec;
   auto address = asio::ip::make_address(options.bind_address, ec);
   if (ec) return Status::invalidArgument("coordinator bind address '" + options.bind_address + "': " + ec.message());

@@ -103,10 +103,10 @@ std::string Detector::whereIs(int rank, int64_t now_ns) const {
          ") for " + fmtS(p.in_section_ns) + " at its last heartbeat";
 }
 
-void Detector::expectRanks(int64_t now_ns, double within_s) {
+void Detector::expectRanks(int64_t now_ns, double within_s, const std::vector<int>& ranks) {
   const int64_t shift = static_cast<int64_t>((within_s - options_.heartbeat_timeout_s) * 1e9);
-  for (int r = 0; r < world_; ++r) {
-    if (last_seen_ns_[r] >= 0 || expected_only_[r]) continue;
+  for (int r : ranks) {
+    if (r < 0 || r >= world_ || last_seen_ns_[r] >= 0 || expected_only_[r]) continue;
     last_seen_ns_[r] = now_ns + shift;  // silent once `within_s` has passed
     expected_only_[r] = true;
   }

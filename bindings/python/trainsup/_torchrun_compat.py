@@ -1,0 +1,120 @@
+"""Everything the launcher needs from torchrun's internals, in one place, because it differs
+between torch versions (written against torch 1.13's torch.distributed.elastic; each helper
+checks what it touches and fails with a clear message when a version moved it)."""
+import re
+
+
+def fix_std_parsing():
+    """torch 1.13's Std.from_str iterates an IntFlag to map "0".."3" to members; on Python 3.11
+    iteration skips the zero and composite members (NONE, ALL), so the default "0" yields None
+    and torchrun crashes at start ('NoneType' object has no attribute 'get'). Replace it with
+    a version that builds the member from its value."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    std = api.Std
+    if std.from_str("0") is std.NONE and std.from_str("3") is std.ALL:
+        return False  # this torch/Python pair is fine
+
+    def from_str(cls, vm):
+        if re.match(api._VALUE_REGEX, vm):
+            return cls(int(vm))
+        if re.match(api._MAPPING_REGEX, vm):
+            return {int(i): cls(int(v)) for i, v in (m.split(":") for m in vm.split(","))}
+        raise ValueError(f"{vm} does not match: <{api._VALUE_REGEX}> or <{api._MAPPING_REGEX}>")
+
+    std.from_str = classmethod(from_str)
+    return True
+
+
+def inner_handler_factory(backend):
+    """torchrun's own handler factory for `backend` (c10d, etcd-v2, ...)."""
+    from torch.distributed.elastic.rendezvous import registry
+
+    factories = {"c10d": "_create_c10d_handler", "etcd-v2": "_create_etcd_v2_handler", "etcd": "_create_etcd_handler"}
+    name = factories.get(backend)
+    if name is None or not hasattr(registry, name):
+        raise ValueError(f"trainsup.run: rendezvous backend {backend!r} is not supported here "
+                         f"(use one of {sorted(k for k, v in factories.items() if hasattr(registry, v))})")
+    return getattr(registry, name)
+
+
+def base_store(handler):
+    """The store the dynamic rendezvous handler keeps its state in (a TCPStore for c10d)."""
+    store = getattr(handler, "_store", None)
+    if store is None:
+        raise RuntimeError("trainsup.run: this torch version's rendezvous handler has no _store")
+    return store
+
+
+def state(handler):
+    """The handler's view of the shared rendezvous state (synced by num_nodes_waiting)."""
+    return handler._state_holder.state
+
+
+def max_nodes(handler):
+    return handler._settings.max_nodes
+
+
+def round_of(handler):
+    return state(handler).round
+
+
+def leave(handler, timeout_s=10.0):
+    """Removes this node from the rendezvous (participants or wait list) without closing it, so
+    that the others form the next round at once instead of waiting out our keep-alive."""
+    import time
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    class _Leave:
+        def __call__(self, ctx, deadline):
+            if time.monotonic() > deadline:
+                return dr._Action.ERROR_TIMEOUT
+            if ctx.node in ctx.state.participants:
+                return dr._Action.REMOVE_FROM_PARTICIPANTS
+            if ctx.node in ctx.state.wait_list:
+                return dr._Action.REMOVE_FROM_WAIT_LIST
+            return dr._Action.FINISH
+
+    handler._stop_heartbeats()
+    handler._op_executor.run(_Leave(), time.monotonic() + timeout_s)
+
+
+def store_port(handler):
+    store = base_store(handler)
+    return int(getattr(store, "port", 0) or 0)
+
+
+def serves_store(handler):
+    """Whether this process is the TCPStore server of the rendezvous (it listens on the store's
+    port): its exit would take the rendezvous down for every other node."""
+    import os
+    port = store_port(handler)
+    if port <= 0:
+        return False
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    local, state, inode = cols[1], cols[3], cols[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def rendezvous_over(handler):
+    """True once the rendezvous is closed (the job ended) or has nobody left in it."""
+    handler._state_holder.sync()
+    st = state(handler)
+    return st.closed or (not st.participants and not st.wait_list)

@@ -1,0 +1,251 @@
+"""The rendezvous hook of `python3 -m trainsup.run`: torchrun's own c10d (or etcd-v2)
+rendezvous, wrapped so that
+
+- each round starts this host's telemetry services (node monitor; coordinator where elected)
+  for that round's workers, and hands the workers their TRAINSUP_COORDINATOR and job token;
+- the first fatal verdict quarantines the culprit's host; the agent on that host kills its
+  workers, leaves the rendezvous and exits with EXIT_QUARANTINED (95), so that the others form
+  the next round at once, with a spare in its place or with fewer nodes when MIN allows;
+- nodes beyond MAX wait as spares without making the active nodes restart again and again
+  (torch 1.13 reports a waiting node that cannot be admitted, and every agent restarts its
+  workers for it);
+- restarts are counted for the whole job in the store, and a job that restarts more than
+  TRAINSUP_MAX_RESTARTS times, or TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS times without the
+  newest valid checkpoint moving, ends with EXIT_DO_NOT_REQUEUE (96).
+Each agent writes its events to <run dir>/agent-<host>.events.jsonl (docs/events.md).
+"""
+import json
+import os
+import signal
+import socket
+import threading
+import time
+
+from torch.distributed import PrefixStore
+from torch.distributed.elastic.rendezvous import RendezvousHandler
+
+from . import _torchrun_compat as compat
+from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
+from .telemetry import NodeServices, peek
+
+EXIT_DO_NOT_REQUEUE = 96
+# Verdicts that say a host is broken (not the program): its host is quarantined.
+QUARANTINE_KINDS = {"hung_rank", "silent_rank", "stalled_rank", "dead_rank"}
+
+
+def node_name():
+    return os.environ.get("TRAINSUP_NODE_NAME") or socket.gethostname()
+
+
+class AgentEvents:
+    """JSON lines like a rank's event log, for the agent."""
+
+    def __init__(self, run_dir, host):
+        os.makedirs(run_dir, exist_ok=True)
+        self.path = os.path.join(run_dir, f"agent-{host}.events.jsonl")
+        self.host = host
+        self._lock = threading.Lock()
+
+    def write(self, event, **fields):
+        line = {"event": event, "time": time.time(), "mono_ns": time.monotonic_ns(), "host": self.host,
+                "pid": os.getpid(), **fields}
+        with self._lock, open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _children():
+    """Pids of this process's children (the agent's workers)."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def newest_valid_step(checkpoint_dir):
+    """The step of the newest checkpoint with a manifest (progress for the restart guard)."""
+    best = -1
+    try:
+        names = os.listdir(checkpoint_dir)
+    except OSError:
+        return best
+    for name in names:
+        if name.startswith("step-") and os.path.exists(os.path.join(checkpoint_dir, name, "MANIFEST.json")):
+            try:
+                best = max(best, int(name[5:]))
+            except ValueError:
+                pass
+    return best
+
+
+class TrainsupRendezvousHandler(RendezvousHandler):
+    def __init__(self, inner, settings):
+        self.inner = inner
+        self.settings = settings
+        self.node = node_name()
+        self.run_dir = settings["run_dir"]
+        self.events = AgentEvents(self.run_dir, self.node)
+        self.store = PrefixStore("trainsup/", compat.base_store(inner))
+        self.quarantine = Quarantine(settings["quarantine_dir"], self.store)
+        self.services = None
+        self.round = None
+        self._handled_verdicts = set()
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watch_loop, name="trainsup-agent-watch", daemon=True)
+        self._watch.start()
+        self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner))
+
+    # --- RendezvousHandler ---
+    def get_backend(self):
+        return "trainsup"
+
+    def get_run_id(self):
+        return self.inner.get_run_id()
+
+    def is_closed(self):
+        return self.inner.is_closed()
+
+    def set_closed(self):
+        self.inner.set_closed()
+
+    def shutdown(self):
+        self._stop.set()
+        if self.services is not None:
+            self.services.close()
+            self.services = None
+        self.events.write("agent_stop")
+        return self.inner.shutdown()
+
+    def num_nodes_waiting(self):
+        n = self.inner.num_nodes_waiting()
+        st = compat.state(self.inner)
+        if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
+            return 0  # spares: no room for them, so no reason to restart for them
+        return n
+
+    def next_rendezvous(self):
+        self._leave_if_quarantined()
+        self._account_restart()
+        if self.services is not None:
+            self.services.close()
+            self.services = None
+        t0 = time.monotonic()
+        self.events.write("rendezvous_join", previous_round=self.round)
+        store, group_rank, group_world = self.inner.next_rendezvous()
+        self.round = compat.round_of(self.inner)
+        nproc = self.settings["nproc_per_node"]
+        self.services = NodeServices(self.store, f"{self.get_run_id()}.{self.round}", self.node, group_world * nproc,
+                                     self.settings["socket_dir"], bind=self.settings["bind"],
+                                     advertise=self.settings["advertise"],
+                                     on_event=lambda name, **f: self.events.write(name, round=self.round, **f))
+        os.environ.update(self.services.rank_env)
+        os.environ["TRAINSUP_NODE_NAME"] = self.node
+        os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
+        os.environ.setdefault("TRAINSUP_JOB_ID", self.get_run_id())
+        self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
+                          wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
+        return store, group_rank, group_world
+
+    # --- policies ---
+    def _leave_if_quarantined(self):
+        record = self.quarantine.get(self.node)
+        if record is None:
+            return
+        self.events.write("quarantined_exit", reason=record.get("reason", ""), verdict=record.get("verdict", ""))
+        try:
+            compat.leave(self.inner)
+        except Exception as e:  # our keep-alive expires anyway
+            self.events.write("rendezvous_leave_failed", error=str(e))
+        if self.services is not None:
+            self.services.close()
+        print(f"[trainsup] host {self.node} is quarantined ({record.get('reason', '')}); "
+              f"its agent leaves the job (exit {EXIT_QUARANTINED})", flush=True)
+        if compat.serves_store(self.inner):
+            # The rendezvous store lives in this process: keep serving it, without taking
+            # part, until the job is over, or every other node would lose the rendezvous.
+            self.events.write("store_kept", reason="this agent serves the rendezvous store")
+            empty_since = None
+            while True:
+                time.sleep(1.0)  # polling the shared rendezvous state, once a second
+                try:
+                    over = compat.rendezvous_over(self.inner)
+                except Exception:
+                    over = True
+                if compat.state(self.inner).closed:
+                    break
+                empty_since = (empty_since or time.monotonic()) if over else None
+                if empty_since is not None and time.monotonic() - empty_since > 60:
+                    break
+        os._exit(EXIT_QUARANTINED)
+
+    def _account_restart(self):
+        """Called before each rendezvous after the first: counts restarts for the whole job."""
+        if self.round is None:
+            return
+        key = f"restarts/{self.get_run_id()}"
+        # Every agent of the failed round comes here; the first one counts the restart.
+        n = int(self.store.add(f"{key}/count-{self.round}", 1))
+        restarts = int(self.store.add(key, 1 if n == 1 else 0))
+        step = newest_valid_step(self.settings["checkpoint_dir"])
+        progress_key = f"{key}/progress"
+        last = peek(self.store, progress_key)
+        stuck_key = f"{key}/stuck"
+        if n == 1:
+            if last is not None and int(last) >= step:
+                self.store.add(stuck_key, 1)
+            else:
+                self.store.set(stuck_key, "0")  # counters: set resets
+            self.store.set(progress_key, str(step))
+        stuck = int(peek(self.store, stuck_key) or 0)
+        self.events.write("restart", restarts=restarts, newest_checkpoint_step=step, restarts_without_progress=stuck)
+        cap, stuck_cap = self.settings["max_restarts"], self.settings["max_restarts_without_progress"]
+        if restarts > cap or stuck > stuck_cap:
+            why = (f"{restarts} restarts (cap {cap})" if restarts > cap
+                   else f"{stuck} restarts without a newer checkpoint (cap {stuck_cap})")
+            self.events.write("give_up", reason=why, code=EXIT_DO_NOT_REQUEUE)
+            print(f"[trainsup] giving up after {why}: exit {EXIT_DO_NOT_REQUEUE} (do not requeue)", flush=True)
+            try:
+                compat.leave(self.inner)
+            except Exception:
+                pass
+            os._exit(EXIT_DO_NOT_REQUEUE)
+
+    def _watch_loop(self):
+        while not self._stop.wait(0.2):
+            services = self.services
+            if services is None:
+                continue
+            try:
+                v = services.first_verdict()
+            except Exception:
+                continue
+            if v is None:
+                continue
+            key = (services.job_id, json.dumps(v, sort_keys=True))
+            if key in self._handled_verdicts:
+                continue
+            self._handled_verdicts.add(key)
+            self.events.write("verdict", round=self.round, kind=v["kind"], ranks=v["ranks"], hosts=v["hosts"],
+                              section=v.get("section", ""), evidence=v.get("evidence", ""))
+            culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
+            for host in culprits:
+                if self.quarantine.get(host) is None and (services.in_office or host == self.node):
+                    gpu = (v.get("gpus") or [""])[0]
+                    record = self.quarantine.add(host, reason=v.get("evidence", v["kind"]), verdict=v["kind"],
+                                                 gpu=gpu, ttl_s=self.settings["quarantine_ttl_s"])
+                    self.events.write("quarantine", quarantined_host=host, verdict=v["kind"], gpu=gpu)
+                    for command, rc in run_commands(record, self.settings["quarantine_commands"]):
+                        self.events.write("quarantine_command", command=command, exit_code=rc)
+                if host == self.node:
+                    # Our worker may be stopped or stuck: end it now so that the agent restarts,
+                    # finds the host quarantined and leaves.
+                    for pid in _children():
+                        for sig in (signal.SIGCONT, signal.SIGKILL):
+                            try:
+                                os.kill(pid, sig)
+                            except ProcessLookupError:
+                                pass
+                    self.events.write("workers_killed", reason="host quarantined")

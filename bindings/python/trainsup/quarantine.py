@@ -1,0 +1,122 @@
+"""Quarantined hosts: persistent records on shared storage, mirrored in the job's store.
+
+A record is `<dir>/<host>.json` = {"host", "gpu", "reason", "verdict", "time", "expiry"} (Unix
+seconds; default expiry 24 h), written atomically (temporary name, fsync, rename). The launcher's
+agent on a quarantined host does not join the next rendezvous and exits with
+EXIT_QUARANTINED (95). Records outlive the job: the next job launched with the same directory
+keeps avoiding the host until the record expires or is removed
+(`python3 -m trainsup quarantine remove <host>`). On quarantine, configured commands run with
+{host}, {gpu}, {reason}, {verdict} replaced (TRAINSUP_QUARANTINE_COMMANDS, one per line), e.g.
+`scontrol update NodeName={host} State=DRAIN Reason="{reason}"` or `kubectl cordon {host}`.
+"""
+import json
+import os
+import shlex
+import subprocess
+import time
+
+DEFAULT_TTL_S = 24 * 3600
+EXIT_QUARANTINED = 95
+
+
+def default_dir():
+    return os.environ.get("TRAINSUP_QUARANTINE_DIR") or os.path.join(
+        os.environ.get("TRAINSUP_RUN_DIR", "trainsup-run"), "quarantine")
+
+
+def _safe(host):
+    if not host or "/" in host or host in (".", ".."):
+        raise ValueError(f"quarantine: {host!r} is not a host name")
+    return host
+
+
+class Quarantine:
+    def __init__(self, directory=None, store=None):
+        self.dir = directory or default_dir()
+        self.store = store
+        os.makedirs(self.dir, exist_ok=True)
+
+    def _path(self, host):
+        return os.path.join(self.dir, _safe(host) + ".json")
+
+    def add(self, host, reason, verdict="manual", gpu="", ttl_s=DEFAULT_TTL_S):
+        """Writes the record (replacing an older one); returns it."""
+        now = time.time()
+        record = {"host": _safe(host), "gpu": gpu, "reason": reason, "verdict": verdict, "time": now,
+                  "expiry": now + ttl_s}
+        path = self._path(host)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if self.store is not None:
+            self.store.set(f"trainsup/quarantine/{host}", json.dumps(record))
+        return record
+
+    def remove(self, host):
+        try:
+            os.remove(self._path(host))
+            removed = True
+        except FileNotFoundError:
+            removed = False
+        if self.store is not None:
+            try:
+                self.store.delete_key(f"trainsup/quarantine/{host}")
+            except Exception:
+                pass
+        return removed
+
+    def get(self, host):
+        """The live record of `host`, or None (expired records count as absent)."""
+        record = None
+        try:
+            with open(self._path(host)) as f:
+                record = json.load(f)
+        except (FileNotFoundError, ValueError):
+            record = None
+        if record is None and self.store is not None:
+            from .telemetry import peek
+            text = peek(self.store, f"trainsup/quarantine/{host}")
+            record = json.loads(text) if text else None
+        if record is not None and record.get("expiry", 0) <= time.time():
+            return None
+        return record
+
+    def list(self):
+        out = []
+        for name in sorted(os.listdir(self.dir)):
+            if name.endswith(".json"):
+                r = self.get(name[:-5])
+                if r is not None:
+                    out.append(r)
+        return out
+
+    def exclude_arg(self):
+        """The sbatch text that keeps a job off the quarantined hosts ("" when none)."""
+        hosts = [r["host"] for r in self.list()]
+        return f"--exclude={','.join(hosts)}" if hosts else ""
+
+
+def run_commands(record, commands=None):
+    """Runs the configured quarantine commands for `record`; returns [(command, exit code)]."""
+    text = commands if commands is not None else os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", "")
+    results = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        values = {k: shlex.quote(str(record.get(k, ""))) for k in ("host", "gpu", "reason", "verdict")}
+        command = line.format(**values)
+        try:
+            rc = subprocess.run(command, shell=True, timeout=60).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+        results.append((command, rc))
+    return results

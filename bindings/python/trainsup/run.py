@@ -1,0 +1,113 @@
+"""python3 -m trainsup.run — torchrun with trainsup's hooks (also installed as `trainsup-run`).
+
+Accepts torchrun's flags (`python3 -m torch.distributed.run --help`) and these of its own, each
+also settable by its environment variable (docs/configuration.md):
+
+  --run-dir DIR             TRAINSUP_RUN_DIR (default ./trainsup-run): agent event logs, sockets,
+                            and quarantine records unless --quarantine-dir says otherwise
+  --quarantine-dir DIR      TRAINSUP_QUARANTINE_DIR (default <run dir>/quarantine; put it on
+                            storage shared by the hosts)
+  --quarantine-ttl-s S      TRAINSUP_QUARANTINE_TTL_S (default 86400)
+  --max-job-restarts N      TRAINSUP_MAX_RESTARTS (default 3): restarts of the whole job
+  --max-restarts-without-progress N
+                            TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS (default 2)
+  --coordinator-bind ADDR   TRAINSUP_COORDINATOR_BIND (default 127.0.0.1; 0.0.0.0 across hosts)
+  --coordinator-advertise H TRAINSUP_COORDINATOR_ADVERTISE (default: the bind address, or the
+                            host name when binding 0.0.0.0)
+
+Differences from plain torchrun: the rendezvous backend must be elastic (c10d, the default here
+with --standalone, or etcd-v2); --max-restarts defaults to 100 per agent because the job-wide
+cap above governs; --monitor-interval defaults to 1 s; Python 3.11's enum change that makes
+torch 1.13's torchrun crash at start is patched, so `-r 1 -t 1` is not needed.
+"""
+import argparse
+import os
+import socket
+import sys
+import uuid
+
+from . import _torchrun_compat as compat
+
+OUR_FLAGS = {
+    "--run-dir": ("TRAINSUP_RUN_DIR", "trainsup-run"),
+    "--quarantine-dir": ("TRAINSUP_QUARANTINE_DIR", None),
+    "--quarantine-ttl-s": ("TRAINSUP_QUARANTINE_TTL_S", "86400"),
+    "--max-job-restarts": ("TRAINSUP_MAX_RESTARTS", "3"),
+    "--max-restarts-without-progress": ("TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS", "2"),
+    "--coordinator-bind": ("TRAINSUP_COORDINATOR_BIND", "127.0.0.1"),
+    "--coordinator-advertise": ("TRAINSUP_COORDINATOR_ADVERTISE", None),
+}
+
+
+def _has(argv, *names):
+    return any(a == n or a.startswith(n + "=") for a in argv for n in names)
+
+
+def _setting(args, flag):
+    env, default = OUR_FLAGS[flag]
+    value = getattr(args, "trainsup_" + flag[2:].replace("-", "_"))
+    return value or os.environ.get(env) or default
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    compat.fix_std_parsing()
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+
+    # torchrun's own parser, with our flags added (they must come before the training script).
+    parser = torchrun.get_args_parser()
+    parser.prog = "python3 -m trainsup.run"
+    for flag in OUR_FLAGS:
+        parser.add_argument(flag, dest="trainsup_" + flag[2:].replace("-", "_"), default=None)
+    defaults = []
+    if not _has(argv, "--max_restarts", "--max-restarts"):
+        defaults += ["--max_restarts", "100"]
+    if not _has(argv, "--monitor_interval", "--monitor-interval"):
+        defaults += ["--monitor_interval", "1"]
+    args = parser.parse_args(defaults + argv)
+    ours = args
+    if args.standalone:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        args.standalone = False
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", f"127.0.0.1:{port}", str(uuid.uuid4())
+    inner_backend = args.rdzv_backend
+    if inner_backend == "static":
+        sys.exit("trainsup.run: the static rendezvous cannot replace a host; use --rdzv_backend=c10d "
+                 "(or etcd-v2) with --rdzv_endpoint and --rdzv_id, or --standalone on one machine")
+    inner_factory = compat.inner_handler_factory(inner_backend)
+
+    run_dir = os.path.abspath(_setting(ours, "--run-dir"))
+    bind = _setting(ours, "--coordinator-bind")
+    settings = {
+        "run_dir": run_dir,
+        "quarantine_dir": os.path.abspath(_setting(ours, "--quarantine-dir") or os.path.join(run_dir, "quarantine")),
+        "quarantine_ttl_s": float(_setting(ours, "--quarantine-ttl-s")),
+        "quarantine_commands": os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", ""),
+        "max_restarts": int(_setting(ours, "--max-job-restarts")),
+        "max_restarts_without_progress": int(_setting(ours, "--max-restarts-without-progress")),
+        "bind": bind,
+        "advertise": _setting(ours, "--coordinator-advertise") or (socket.getfqdn() if bind == "0.0.0.0" else bind),
+        "socket_dir": os.path.join(run_dir, "sockets"),
+        "nproc_per_node": int(args.nproc_per_node),
+        "checkpoint_dir": os.path.abspath(os.environ.get("TRAINSUP_CHECKPOINT_DIR", "checkpoints")),
+    }
+    os.environ["TRAINSUP_RUN_DIR"] = run_dir
+
+    from .launcher import TrainsupRendezvousHandler
+
+    def create(params):
+        return TrainsupRendezvousHandler(inner_factory(params), settings)
+
+    try:
+        rendezvous_handler_registry.register("trainsup", create)
+    except ValueError:
+        pass  # registered by an earlier main() in this process
+    args.rdzv_backend = "trainsup"
+    torchrun.run(args)
+
+
+if __name__ == "__main__":
+    main()
