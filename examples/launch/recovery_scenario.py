@@ -2,6 +2,7 @@
 """End-to-end recovery on simulated hosts on this machine: trainsup-run agents (one worker each)
 training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
 
+  clean       hosts a, b (--nnodes=2:2), no fault: the reference.
   spare       hosts a, b active and c spare (--nnodes=2:2); host-b's worker is stopped with
               SIGSTOP; the job must name host-b, quarantine it (its agent exits 95) and finish
               on a + c from the newest valid checkpoint.
@@ -106,8 +107,19 @@ class Cluster:
                             pass
 
 
+def clean_scenario(workdir, steps):
+    c = Cluster(workdir, "2:2", steps, extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
+    try:
+        c.start("host-a")
+        c.start("host-b")
+        return c, c.wait_agents(600)
+    finally:
+        c.kill_all()
+
+
 def fault_scenario(workdir, steps, spare):
-    c = Cluster(workdir, "2:2" if spare else "1:2", steps)
+    c = Cluster(workdir, "2:2" if spare else "1:2", steps,
+                extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
     try:
         c.start("host-a")
         c.start("host-b")
@@ -142,13 +154,16 @@ def user_error_scenario(workdir, steps):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["spare", "shrink", "user_error"])
+    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
     a = p.parse_args()
     summary = {"scenario": a.scenario}
     if a.scenario == "user_error":
         c, codes = user_error_scenario(a.workdir, a.steps)
+        summary["agent_exit_codes"] = codes
+    elif a.scenario == "clean":
+        c, codes = clean_scenario(a.workdir, a.steps)
         summary["agent_exit_codes"] = codes
     else:
         c, fault_wall, codes = fault_scenario(a.workdir, a.steps, spare=a.scenario == "spare")

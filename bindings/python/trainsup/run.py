@@ -21,6 +21,7 @@ cap above governs; --monitor-interval defaults to 1 s; Python 3.11's enum change
 torch 1.13's torchrun crash at start is patched, so `-r 1 -t 1` is not needed.
 """
 import argparse
+import hashlib
 import os
 import socket
 import sys
@@ -90,7 +91,9 @@ def main(argv=None):
         "max_restarts_without_progress": int(_setting(ours, "--max-restarts-without-progress")),
         "bind": bind,
         "advertise": _setting(ours, "--coordinator-advertise") or (socket.getfqdn() if bind == "0.0.0.0" else bind),
-        "socket_dir": os.path.join(run_dir, "sockets"),
+        # Unix socket paths are limited to 107 bytes: a short private directory, not the run dir.
+        "socket_dir": os.environ.get("TRAINSUP_SOCKET_DIR") or os.path.join(
+            "/tmp", f"trainsup-{os.getuid()}", hashlib.sha1(run_dir.encode()).hexdigest()[:10]),
         "nproc_per_node": int(args.nproc_per_node),
         "checkpoint_dir": os.path.abspath(os.environ.get("TRAINSUP_CHECKPOINT_DIR", "checkpoints")),
     }

@@ -18,6 +18,7 @@ agent wins, everyone follows the key. A background thread does all this every 0.
 publishes the coordinator's verdicts and rank table. Without a store (one host), the agent
 simply runs both.
 """
+import hashlib
 import json
 import os
 import secrets
@@ -63,7 +64,8 @@ class NodeServices:
         self.on_verdict = on_verdict
         self.on_event = on_event or (lambda name, **fields: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
-        self.socket_path = os.path.join(socket_dir, f"trainsup-{job_id}-{node_name}.sock")
+        tag = hashlib.sha1(job_id.encode()).hexdigest()[:8]
+        self.socket_path = os.path.join(socket_dir, f"{tag}-{node_name}.sock")
         self.token = self._agree_token()
         self.coordinator = None       # ours, when in office (or offered)
         self.following = None         # "host:port/epoch" our node monitor points at
