@@ -51,7 +51,7 @@ class Cluster:
         self.nnodes = nnodes
         self.steps = steps
         self.extra_train = list(extra_train)
-        self.env = dict(os.environ, TRAINSUP_CHECKPOINT_DIR=str(self.dir / "ckpt"),
+        self.env = dict(os.environ, PYTHONFAULTHANDLER="1", TRAINSUP_CHECKPOINT_DIR=str(self.dir / "ckpt"),
                         TRAINSUP_LOG_DIR=str(self.dir / "logs"), TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1",
                         PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
         self.agents = {}

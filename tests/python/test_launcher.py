@@ -61,3 +61,18 @@ def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path):
         assert torch.equal(ref["model"][k], got["model"][k]), k
     for i, st in ref["optimizer"]["state"].items():
         assert torch.equal(st["momentum_buffer"], got["optimizer"]["state"][i]["momentum_buffer"]), i
+
+
+def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(tmp_path):
+    s = _run("user_error", tmp_path / "user")
+    # Every attempt raises at step 120: the job-wide cap (2 restarts here) ends it with 96, the
+    # documented "do not requeue" code, on every agent; no host is blamed.
+    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96}, s
+    assert s["quarantine"] == []
+    run = tmp_path / "user" / "run"
+    events = _events(run / "agent-host-a.events.jsonl") + _events(run / "agent-host-b.events.jsonl")
+    kinds = {e["kind"] for e in events if e["event"] == "verdict"}
+    assert kinds == {"failed_rank"}, kinds
+    assert not any(e["event"] == "quarantine" for e in events)
+    give_up = [e for e in events if e["event"] == "give_up"]
+    assert give_up and all(e["code"] == 96 for e in give_up)

@@ -391,9 +391,11 @@ class PyNodeMonitor {
     if (!m) throw std::runtime_error(m.status().toString());
     monitor_ = std::move(*m);
   }
-  void setCoordinator(const std::string& host, int port) { monitor_->setCoordinator(host, static_cast<uint16_t>(port)); }
+  void setCoordinator(const std::string& host, int port) {
+    live().setCoordinator(host, static_cast<uint16_t>(port));
+  }
   py::dict counters() const {
-    auto c = monitor_->counters();
+    auto c = live().counters();
     py::dict d;
     d["local_connections"] = c.local_connections;
     d["records_in"] = c.records_in;
@@ -405,9 +407,22 @@ class PyNodeMonitor {
     d["aborts_relayed"] = c.aborts_relayed;
     return d;
   }
-  void stop() { monitor_.reset(); }
+  void stop() {
+    std::unique_ptr<NodeMonitor> gone;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gone = std::move(monitor_);
+    }
+  }
 
  private:
+  // Other Python threads may still call in after stop(): they get an error, not a crash.
+  NodeMonitor& live() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!monitor_) throw std::runtime_error("node monitor stopped");
+    return *monitor_;
+  }
+  mutable std::mutex mu_;
   std::unique_ptr<NodeMonitor> monitor_;
 };
 

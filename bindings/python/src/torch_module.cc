@@ -3,7 +3,11 @@
 // objects convert to c10d::ProcessGroup here). Import torch.distributed before this module.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
+
+#include <string>
+#include <vector>
 
 #include "trainsup/tracking_process_group.h"
 
@@ -19,4 +23,20 @@ PYBIND11_MODULE(_trainsup_torch, m) {
            }),
            py::arg("inner"))
       .def_property_readonly("inner", &trainsup::TrackingProcessGroup::inner);
+  // Store.compare_set of torch 1.13's Python binding builds its bytes result with the GIL
+  // released, which corrupts the interpreter when other Python threads run (seen as
+  // segfaults in the launcher's agents). This one holds the GIL for everything Python.
+  m.def(
+      "store_compare_set",
+      [](const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, const std::string& expected,
+         const std::string& desired) {
+        std::vector<uint8_t> value;
+        {
+          py::gil_scoped_release release;
+          value = store->compareSet(key, std::vector<uint8_t>(expected.begin(), expected.end()),
+                                    std::vector<uint8_t>(desired.begin(), desired.end()));
+        }
+        return py::bytes(reinterpret_cast<const char*>(value.data()), value.size());
+      },
+      py::arg("store"), py::arg("key"), py::arg("expected"), py::arg("desired"));
 }

@@ -197,8 +197,9 @@ class Supervisor:
     def close(self, failed=False):
         """Stops the watchdog, waits for a pending checkpoint persist, says goodbye to the
         coordinator, flushes the logs. Idempotent. `failed=True` (what `with` passes when the
-        block raised): no goodbye, and if the job's coordinator is ordering an abort (the error
-        was a consequence of it), the process exits with EXIT_ABORTED as ordered."""
+        block raised): if the job's coordinator is ordering an abort (the error was a
+        consequence of it), the process exits with EXIT_ABORTED as ordered; otherwise the
+        goodbye says this rank failed on its own (a failed_rank verdict, no host blamed)."""
         self._sup.close(bool(failed))
         _live.discard(self)
 

@@ -39,11 +39,21 @@ def _text(value):
 _ABSENT = "\x00trainsup-absent\x00"
 
 
+def compare_set(store, key, expected, desired):
+    """store.compare_set, through trainsup's binding where there is one: torch 1.13's own builds
+    its result without the GIL and crashes multi-threaded processes such as the launcher."""
+    try:
+        from ._trainsup_torch import store_compare_set
+    except ImportError:
+        return store.compare_set(key, expected, desired)
+    return store_compare_set(store, key, expected, desired)
+
+
 def peek(store, key):
     """The value of `key`, or None when it is not set, without waiting (torch 1.13's Python
     stores have no check()): compare_set with an expected value no one writes changes nothing
     and returns the current value, or the expected one when the key is absent."""
-    value = _text(store.compare_set(key, _ABSENT, _ABSENT))
+    value = _text(compare_set(store, key, _ABSENT, _ABSENT))
     return None if value == _ABSENT else value
 
 
@@ -92,7 +102,7 @@ class NodeServices:
         mine = secrets.token_hex(16)
         if self.store is None:
             return mine
-        return _text(self.store.compare_set(_key(self.job_id, "token"), "", mine))
+        return _text(compare_set(self.store, _key(self.job_id, "token"), "", mine))
 
     def _published(self):
         if self.store is None:
@@ -133,7 +143,7 @@ class NodeServices:
         if self.store is None:
             won = self._mine
         else:
-            won = _text(self.store.compare_set(_key(self.job_id, "coordinator"), expected, self._mine))
+            won = _text(compare_set(self.store, _key(self.job_id, "coordinator"), expected, self._mine))
         if won == self._mine:
             if self.coordinator is not None:
                 self.coordinator.stop()
@@ -154,7 +164,7 @@ class NodeServices:
                 self.verdicts.extend(verdicts)
             fatal = [v for v in verdicts if v["kind"] != "straggler"]
             if fatal and self.store is not None:
-                self.store.compare_set(_key(self.job_id, "verdict"), "", json.dumps(fatal[0]))
+                compare_set(self.store, _key(self.job_id, "verdict"), "", json.dumps(fatal[0]))
             if self.on_verdict:
                 for v in verdicts:
                     self.on_verdict(v)

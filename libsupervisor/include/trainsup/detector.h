@@ -55,7 +55,10 @@ struct DetectorOptions {
 // Parses "allreduce=30,broadcast=120" into options.op_budget_s; the error names the entry.
 TRAINSUP_EXPORT Status parseOpBudgets(const std::string& text, DetectorOptions& options);
 
-enum class VerdictKind { kHungRank, kCommunicationFault, kSilentRank, kDeadRank, kStalledRank, kStraggler };
+enum class VerdictKind {
+  kHungRank, kCommunicationFault, kSilentRank, kDeadRank, kStalledRank, kStraggler,
+  kFailedRank,  // the rank ended with an error it reported itself (the program's, not the host's)
+};
 TRAINSUP_EXPORT const char* verdictKindName(VerdictKind kind);
 
 struct Verdict {
@@ -89,6 +92,9 @@ class TRAINSUP_EXPORT Detector {
   void expectRanks(int64_t now_ns, double within_s, const std::vector<int>& ranks);
   // The rank said goodbye (a normal end): no verdict about its silence or departure follows.
   void onFinished(int rank);
+  // The rank is ending with an error of its own (an exception in the training code): a
+  // failed_rank verdict, not a dead one, and nothing about its departure afterwards.
+  void onFailed(int rank, int64_t now_ns);
   void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);
   // A rank's hello: its host, local rank and GPU, for the verdicts (out-of-range ranks ignored;
   // an empty host or GPU keeps what was known).

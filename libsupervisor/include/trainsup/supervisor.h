@@ -132,8 +132,9 @@ class TRAINSUP_EXPORT Supervisor {
 
   // Ends supervision: flushes a pending checkpoint persist, stops the watchdog, says goodbye to
   // the coordinator (a normal end raises no verdict) and flushes the logs. Idempotent.
-  // `failed`: the training loop is ending with an error. Then no goodbye is sent (the
-  // coordinator counts the rank as gone), and with a coordinator close() first waits up to
+  // `failed`: the training loop is ending with an error. Then the goodbye says so (the
+  // coordinator reports failed_rank, which blames the program, not the host), and with a
+  // coordinator close() first waits up to
   // 1 s (at most abort_grace_s) for an abort order the error may be a consequence of (a peer
   // that exited on the order breaks this rank's collectives before its own order arrives);
   // when one comes, the process exits with the abort code (94) as ordered.

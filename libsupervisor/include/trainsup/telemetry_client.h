@@ -53,6 +53,9 @@ class TRAINSUP_EXPORT TelemetryClient {
   // Queues a stall report (this rank's watchdog found a section over its budget).
   void reportStall(const std::string& section, int64_t step);
   void stop();
+  // Stops like stop(), saying that this rank is ending with an error of its own (an exception
+  // in the training code), so the coordinator reports failed_rank, not a dead rank.
+  void stopFailed();
   // Stops without a goodbye and closes the connection: what a crash looks like to the
   // coordinator (for tests and harnesses). Idempotent; stop() afterwards does nothing.
   void dropConnection();

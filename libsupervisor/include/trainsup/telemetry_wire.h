@@ -71,6 +71,7 @@ struct WireHello {
 // rank's connection closed without one (kGoneClosed: the process died).
 inline constexpr int32_t kGoneClosed = 0;    // the rank's connection closed without a goodbye
 inline constexpr int32_t kGoneFinished = 1;  // the rank said goodbye: a normal end
+inline constexpr int32_t kGoneFailed = 2;    // the rank is ending with an error of its own
 struct WireGone {
   int32_t rank = 0;
   int32_t reason = kGoneClosed;

@@ -122,6 +122,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
       for (const auto& g : m.gones) {
         if (g.reason == kGoneFinished) {
           o.detector->onFinished(g.rank);
+        } else if (g.reason == kGoneFailed) {
+          o.detector->onFailed(g.rank, now);
         } else {
           o.detector->onDisconnect(g.rank, now);
         }

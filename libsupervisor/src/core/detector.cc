@@ -32,6 +32,7 @@ const char* verdictKindName(VerdictKind kind) {
     case VerdictKind::kDeadRank: return "dead_rank";
     case VerdictKind::kStalledRank: return "stalled_rank";
     case VerdictKind::kStraggler: return "straggler";
+    case VerdictKind::kFailedRank: return "failed_rank";
   }
   return "?";
 }
@@ -110,6 +111,14 @@ void Detector::expectRanks(int64_t now_ns, double within_s, const std::vector<in
     last_seen_ns_[r] = now_ns + shift;  // silent once `within_s` has passed
     expected_only_[r] = true;
   }
+}
+
+void Detector::onFailed(int rank, int64_t now_ns) {
+  if (rank < 0 || rank >= world_ || finished_[rank]) return;
+  finished_[rank] = true;
+  queued_.push_back(make(VerdictKind::kFailedRank, {rank},
+                         "rank " + std::to_string(rank) + " reported that it is ending with an error of its own" +
+                             whereIs(rank, now_ns)));
 }
 
 void Detector::onFinished(int rank) {

@@ -165,7 +165,7 @@ void NodeMonitor::Impl::onMessage(const WireMessage& m, std::set<int32_t>& ranks
     out_hellos.push_back(h);
   }
   for (const auto& g : m.gones) {
-    if (g.reason == kGoneFinished) said_goodbye.insert(g.rank);
+    if (g.reason == kGoneFinished || g.reason == kGoneFailed) said_goodbye.insert(g.rank);
     out_gones.push_back(g);
   }
   // Stall reports are what the coordinator must hear first: do not wait for the next tick.

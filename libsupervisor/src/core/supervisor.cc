@@ -44,6 +44,7 @@ struct Supervisor::Impl {
   int emergency_fd = -1;  // the rank log, opened at start for last words
 
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
+  bool first_step_seen = false;      // training thread only
   std::unique_ptr<Checkpointer> checkpointer;  // training thread only
   std::unique_ptr<TelemetryClient> telemetry;  // set in create(); null when off
   std::atomic<bool> closed{false};
@@ -414,7 +415,9 @@ void Supervisor::close(bool failed) {
                                [] { return false; });
     }
   }
-  if (failed && impl_->telemetry) impl_->telemetry->dropConnection();
+  // Failed and not ordered to abort: an error of the training code itself. Say so, so that the
+  // job ends with failed_rank (no host is blamed) instead of waiting for a dead-rank verdict.
+  if (failed && impl_->telemetry) impl_->telemetry->stopFailed();
   if (impl_->checkpointer) {
     // Flush a pending persist: the newest checkpoint is the one a restart will want.
     Status s = impl_->checkpointer->waitIdle(fromSeconds(impl_->config.checkpoint.commit_timeout_s));
@@ -434,6 +437,11 @@ void Supervisor::close(bool failed) {
 
 Supervisor::Scope Supervisor::step(int64_t step) {
   if (impl_->training_tid.load(std::memory_order_relaxed) == 0) impl_->training_tid.store(currentTid());
+  if (!impl_->first_step_seen) {
+    // Once per process: when training (re)started, for recovery-time reports.
+    impl_->first_step_seen = true;
+    impl_->events->write("first_step", {{"step", step}});
+  }
   impl_->progress->enter(kStepSection, step, impl_->clock->monotonicNow());
   return Scope(this);
 }

@@ -27,6 +27,7 @@ struct TelemetryClient::Impl {
   std::condition_variable cv;
   bool stopping = false;             // guarded by mu
   bool goodbye = true;               // guarded by mu: say goodbye when stopping
+  int32_t goodbye_reason = kGoneFinished;  // guarded by mu
   std::deque<WireStall> stalls;      // guarded by mu
   Counters counters;                 // guarded by mu
   std::thread thread;
@@ -185,7 +186,12 @@ void TelemetryClient::Impl::loop() {
         }
         WireMessage bye;
         bye.type = WireType::kGone;
-        bye.gones.push_back({options.rank, kGoneFinished});
+        int32_t reason;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          reason = goodbye_reason;
+        }
+        bye.gones.push_back({options.rank, reason});
         if (ok) sendFrame(bye);
       }
       return;
@@ -255,6 +261,14 @@ void TelemetryClient::reportStall(const std::string& section, int64_t step) {
     impl_->stalls.push_back(s);
   }
   impl_->cv.notify_all();
+}
+
+void TelemetryClient::stopFailed() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->goodbye_reason = kGoneFailed;
+  }
+  stop();
 }
 
 void TelemetryClient::dropConnection() {

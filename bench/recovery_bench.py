@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Recovery figures from the demo scenario (examples/launch/recovery_scenario.py spare): three
+simulated hosts, host-b's worker stopped with SIGSTOP at a random point between checkpoints
+(every 50 steps of ~20 ms), the job resumes on host-a and the spare host-c.
+
+  detect_s     fault -> the first fatal verdict (agent event "verdict")
+  recovery_s   fault -> the first step of the resumed attempt (rank event "first_step")
+  lost_work_s  replayed work: fault time minus the commit time of the checkpoint restored
+  restart_s    recovery_s - detect_s (abort, quarantine, rendezvous, worker start, restore)
+
+Final line: {"bench": "recovery", "recovery_s": ..., "lost_work_s": ..., ...}
+
+  PYTHONPATH=build/bindings/python /usr/bin/python3 bench/recovery_bench.py [rounds=2]
+"""
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+SCENARIO = REPO / "examples" / "launch" / "recovery_scenario.py"
+
+
+def events(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def one(workdir):
+    out = subprocess.run([sys.executable, str(SCENARIO), "spare", str(workdir), "--steps", "500"],
+                         capture_output=True, text=True, timeout=900)
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    fault = summary["fault_time"]
+    run = workdir / "run"
+    agent = [e for p in run.glob("agent-*.events.jsonl") for e in events(p)]
+    verdict = min(e["time"] for e in agent if e["event"] == "verdict")
+    ranks = [e for p in (workdir / "logs").glob("*.events.jsonl") for e in events(p)]
+    resumed = [e for e in ranks if e["event"] == "first_step" and e["wall_s"] > fault]
+    first_step = min(e["wall_s"] for e in resumed)
+    restored_step = min(e["step"] for e in ranks if e["event"] == "checkpoint_restored" and e["wall_s"] > fault)
+    committed = max(e["wall_s"] for e in ranks if e["event"] == "checkpoint_committed" and e["step"] == restored_step
+                    and e["wall_s"] < fault)
+    figures = {"detect_s": verdict - fault, "recovery_s": first_step - fault, "lost_work_s": fault - committed,
+               "restart_s": first_step - verdict, "exit_codes": summary["agent_exit_codes"]}
+    print(f"  round: detect {figures['detect_s']:.2f} s, recovery {figures['recovery_s']:.2f} s, "
+          f"lost work {figures['lost_work_s']:.2f} s (restored step {restored_step}), exit codes {summary['agent_exit_codes']}")
+    return figures
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    print("recovery benchmark: hosts a, b active, c spare; host-b's worker stopped between checkpoints")
+    got = []
+    for r in range(rounds):
+        with tempfile.TemporaryDirectory() as d:
+            got.append(one(pathlib.Path(d)))
+    med = {k: round(statistics.median(g[k] for g in got), 3) for k in ("detect_s", "recovery_s", "lost_work_s", "restart_s")}
+    print(json.dumps({"bench": "recovery", **med, "rounds": rounds, "checkpoint_every_steps": 50,
+                      "step_s": 0.02}))
+
+
+if __name__ == "__main__":
+    main()
