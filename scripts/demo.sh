@@ -1,77 +1,69 @@
 #!/usr/bin/env bash
-# trainsup demo: a supervised training on a simulated host "node-b" checkpoints every 10 steps
-# and stalls inside step 45. Its watchdog catches the stall as soon as the 2 s step budget runs
-# out, writes the stack of every thread into the rank log, records the events and ends the
-# process with exit code 91. The script then relaunches it, as a launcher would: the trainer
-# resumes from the newest checkpoint that verifies (step 40) and finishes, with parameters
-# bitwise equal to a run that never failed. (Detection across ranks and relaunch without the
-# bad host come with later issues.)
+# trainsup demo: a supervised DDP training (gloo, 2 workers) on three simulated hosts of this
+# machine, each with a `python3 -m trainsup.run` agent: host-a and host-b train, host-c waits as
+# a spare. Checkpoints every 50 steps. The worker on host-b is stopped with SIGSTOP between two
+# checkpoints. The job coordinator names host-b from the rhythm of the collectives within
+# seconds, every rank is told to abort, host-b is quarantined and its agent leaves (exit 95),
+# and the job resumes on host-a and the spare host-c from the newest checkpoint that verifies,
+# finishing with parameters bitwise equal to a run that never failed. A timeline and the time
+# the incident cost are printed at the end.
 #
-# Installs missing Debian packages with apt, builds into ./build, writes logs and checkpoints
-# under ${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}.
+# Installs missing Debian packages with apt, builds into ./build, works under
+# ${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}. (examples/cpp/stall_demo.sh shows the single-rank
+# watchdog of the C++ library.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 echo "== building (log in build/demo-build.log)"
 mkdir -p build
 scripts/build.sh > build/demo-build.log 2>&1 || { tail -40 build/demo-build.log; exit 1; }
+export PYTHONPATH="$PWD/build/bindings/python"
+dir=${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}
+rm -rf "$dir"
+mkdir -p "$dir"
 
-run_dir=${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}
-rm -rf "$run_dir"
-mkdir -p "$run_dir"
-trainer=build/examples/trainsup_example_train
-args=(--steps 120 --step-sleep-ms 20 --checkpoint-every 10)
-export TRAINSUP_JOB_ID=demo TRAINSUP_LOG_STDERR=0 TRAINSUP_SECTION_BUDGETS=step=2
-
-echo "== reference: the same training without faults, on node-a"
-TRAINSUP_NODE_NAME=node-a TRAINSUP_LOG_DIR="$run_dir/reference" TRAINSUP_CHECKPOINT_DIR="$run_dir/reference/ckpt" \
-  "$trainer" "${args[@]}" > "$run_dir/reference.out" 2>&1
-want=$(sed -n 's/^final parameters xxh3=//p' "$run_dir/reference.out")
-echo "   final parameters xxh3=$want"
-
-export TRAINSUP_NODE_NAME=node-b TRAINSUP_LOG_DIR="$run_dir" TRAINSUP_CHECKPOINT_DIR="$run_dir/ckpt"
-echo
-echo "== attempt 1 on node-b: checkpoints every 10 steps, a stall injected in step 45 (step budget 2 s)"
-rc1=0
-"$trainer" "${args[@]}" --stall-at-step 45 > "$run_dir/attempt1.out" 2>&1 || rc1=$?
-echo "   exit code $rc1 (91 = stall caught by the watchdog; docs/exit-codes.md)"
-log="$run_dir/demo-node-b-r0.log"
-grep -m1 "STALL" "$log" | sed 's/^/   /'
-grep -A6 "\[training loop\]" "$log" | head -7 | sed 's/^/   /'
-grep -m1 "after the stall was detected" "$log" | sed 's/^/   /'
-
-echo
-echo "== attempt 2 on node-b: relaunched, resumes from the newest valid checkpoint"
-rc2=0
-"$trainer" "${args[@]}" > "$run_dir/attempt2.out" 2>&1 || rc2=$?
-got=$(sed -n 's/^final parameters xxh3=//p' "$run_dir/attempt2.out")
-grep -m1 "restored checkpoint" "$log" | sed 's/^/   /'
-echo "   exit code $rc2; final parameters xxh3=$got"
-
-echo
-echo "== node-b's event log ($run_dir/demo-node-b-r0.events.jsonl)"
-/usr/bin/python3 - "$run_dir/demo-node-b-r0.events.jsonl" <<'PY'
-import json, sys
-events = [json.loads(l) for l in open(sys.argv[1])]
-t0 = events[0]["mono_ns"]
-keep = ("section", "step", "elapsed_s", "budget_s", "code", "threads", "kind", "stall_s", "persist_s", "restore_s", "reason")
-injected = None
-for e in events:
-    if e["event"] in ("checkpoint_snapshot", "checkpoint_staging", "section_slow", "checkpoint_removed"):
+echo "== reference: the same job without a fault (host-a + host-b, 500 steps)"
+/usr/bin/python3 examples/launch/recovery_scenario.py clean "$dir/reference" --steps 500 > "$dir/reference.json"
+echo "== the job: host-a + host-b active, host-c spare; host-b's worker is stopped after step ~200"
+/usr/bin/python3 examples/launch/recovery_scenario.py spare "$dir/job" --steps 500 > "$dir/job.json"
+/usr/bin/python3 - "$dir" <<'PY'
+import json, pathlib, sys
+import torch
+d = pathlib.Path(sys.argv[1])
+job = json.loads((d / "job.json").read_text().splitlines()[-1])
+fault = job["fault_time"]
+def events(p):
+    return [json.loads(l) for l in open(p) if l.strip()]
+agent = sorted((e for p in (d / "job" / "run").glob("agent-*.events.jsonl") for e in events(p)), key=lambda e: e["time"])
+ranks = sorted((e for p in (d / "job" / "logs").glob("*.events.jsonl") for e in events(p)), key=lambda e: e["wall_s"])
+show_agent = {"rendezvous", "coordinator_elected", "coordinator_takeover", "verdict", "quarantine",
+              "workers_killed", "quarantined_exit", "store_kept", "restart", "give_up", "agent_stop"}
+show_rank = {"abort_ordered", "exit", "checkpoint_restored", "first_step", "stack_dump"}
+rows = [(e["time"], e["host"], "agent", e) for e in agent if e["event"] in show_agent]
+rows += [(e["wall_s"], e["host"], f"rank {e['rank']}", e) for e in ranks if e["event"] in show_rank and e["wall_s"] > fault - 1]
+rows.append((fault, "host-b", "demo", {"event": "FAULT: SIGSTOP of host-b's worker"}))
+keep = ("round", "group_rank", "kind", "ranks", "hosts", "section", "quarantined_host", "code", "step", "verdict",
+        "culprit_host", "restarts", "newest_checkpoint_step", "restore_s")
+print("\n== timeline (seconds from the fault)")
+for t, host, who, e in sorted(rows, key=lambda r: r[0]):
+    if t < fault - 1 and e["event"] not in ("rendezvous", "coordinator_elected"):
         continue
-    extra = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in e.items() if k in keep}
-    print(f"   +{(e['mono_ns'] - t0) / 1e9:7.3f} s  restart={e['restart']} pid={e['pid']:<7} {e['event']:<21} {json.dumps(extra)}")
-    if e["event"] == "fault_injected":
-        injected = e["mono_ns"]
-    if e["event"] == "exit" and injected:
-        print(f"     -> the stalled process ended {(e['mono_ns'] - injected) / 1e9:.2f} s after the stall began (budget 2 s)")
-        injected = None
+    extra = {k: e[k] for k in keep if k in e}
+    print(f"   {t - fault:+8.2f}  {host:<7} {who:<7} {e['event']:<22} {json.dumps(extra) if extra else ''}")
+verdict = min((e for e in agent if e["event"] == "verdict"), key=lambda e: e["time"])
+restored = min((e for e in ranks if e["event"] == "checkpoint_restored" and e["wall_s"] > fault), key=lambda e: e["wall_s"])
+first = min(e["wall_s"] for e in ranks if e["event"] == "first_step" and e["wall_s"] > fault)
+committed = max(e["wall_s"] for e in ranks if e["event"] == "checkpoint_committed" and e["step"] == restored["step"] and e["wall_s"] < fault)
+print(f"\n   detection {verdict['time'] - fault:.2f} s ({verdict['kind']} naming {verdict['hosts'][0]}), "
+      f"recovery (fault to first step after resume) {first - fault:.2f} s, replayed work {fault - committed:.2f} s "
+      f"(resumed from step {restored['step']})")
+ref = torch.load(d / "reference" / "final.pt")
+got = torch.load(d / "job" / "final.pt")
+same = all(torch.equal(ref["model"][k], got["model"][k]) for k in ref["model"])
+codes = job["agent_exit_codes"]
+ok = same and codes == {"host-a": 0, "host-b": 95, "host-c": 0} and job["quarantine"] == ["host-b"]
+print(f"   agent exit codes {codes} (95 = host quarantined), quarantine {job['quarantine']}, "
+      f"final parameters {'bitwise equal to' if same else 'DIFFERENT from'} the run without a fault")
+print("\ndemo OK" if ok else "\ndemo FAILED")
+sys.exit(0 if ok else 1)
 PY
-echo
-if [[ $rc1 -eq 91 && $rc2 -eq 0 && -n $want && $got == "$want" ]]; then
-  echo "demo OK: the stall was caught and named (host node-b, rank 0, section 'step', step 45), the relaunch"
-  echo "resumed from the step-40 checkpoint, and the final parameters equal the uninterrupted run's bit for bit"
-else
-  echo "demo FAILED: exit codes $rc1 / $rc2, parameters $got vs $want"
-  exit 1
-fi
