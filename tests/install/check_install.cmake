@@ -28,4 +28,7 @@ endif()
 if(PYTHON_EXECUTABLE AND EXISTS ${prefix}/lib/python3/dist-packages/trainsup/__init__.py)
   run(${CMAKE_COMMAND} -E env PYTHONPATH=${prefix}/lib/python3/dist-packages
       ${PYTHON_EXECUTABLE} -c "import trainsup\nprint('installed trainsup', trainsup.__version__, trainsup.__file__)")
+  # The installed commands find the package beside them, with no PYTHONPATH.
+  run(${prefix}/bin/trainsup quarantine exclude-arg --dir ${prefix}/quarantine-check)
+  run(${prefix}/bin/trainsup-run --help)
 endif()

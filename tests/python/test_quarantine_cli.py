@@ -1,0 +1,39 @@
+"""`python3 -m trainsup quarantine ...`: records on disk, expiry, the sbatch --exclude text, and
+the configured commands run with shell-quoted placeholders."""
+import json
+import os
+import subprocess
+import sys
+
+from trainsup.quarantine import Quarantine, run_commands
+
+
+def _cli(tmp_path, *args, env=None):
+    e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
+    return subprocess.run([sys.executable, "-m", "trainsup", "quarantine", *args, "--dir", str(tmp_path)],
+                          capture_output=True, text=True, env=e)
+
+
+def test_add_list_exclude_remove(tmp_path):
+    assert _cli(tmp_path, "exclude-arg").stdout.strip() == ""
+    out = _cli(tmp_path, "add", "node17", "--reason", "ECC errors", "--gpu", "3:GPU-abc")
+    assert out.returncode == 0, out.stderr
+    _cli(tmp_path, "add", "node42", "--reason", "manual check")
+    _cli(tmp_path, "add", "node99", "--reason", "expired already", "--ttl-s", "0.001")
+    listed = [json.loads(l) for l in _cli(tmp_path, "list").stdout.splitlines()]
+    assert [r["host"] for r in listed] == ["node17", "node42"]  # node99 expired
+    assert listed[0]["gpu"] == "3:GPU-abc" and listed[0]["reason"] == "ECC errors"
+    assert _cli(tmp_path, "exclude-arg").stdout.strip() == "--exclude=node17,node42"
+    assert _cli(tmp_path, "remove", "node42").returncode == 0
+    assert _cli(tmp_path, "remove", "node42").returncode == 1
+    assert _cli(tmp_path, "exclude-arg").stdout.strip() == "--exclude=node17"
+    bad = _cli(tmp_path, "add", "../etc", "--reason", "x")
+    assert bad.returncode != 0 and "is not a host name" in bad.stderr
+
+
+def test_quarantine_commands_get_quoted_placeholders(tmp_path):
+    out = tmp_path / "drained.txt"
+    record = Quarantine(str(tmp_path / "q")).add("node7", reason="rank 3 silent; $(reboot)", verdict="silent_rank")
+    results = run_commands(record, f"echo drain {{host}} {{reason}} >> {out}\n\nfalse")
+    assert [rc for _, rc in results] == [0, 1]
+    assert out.read_text() == "drain node7 rank 3 silent; $(reboot)\n"
