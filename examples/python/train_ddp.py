@@ -90,7 +90,9 @@ def main():
 
     if args.plain:
         return train_plain(args, ddp, optimizer, scheduler, rank)
-    settings = {}
+    # DDP keeps the same model and optimizer state on every rank: a checkpoint then restores on
+    # any number of ranks (the job may shrink when a host is lost and no spare is left).
+    settings = {"checkpoint_replicated": True}
     if args.checkpoint_every is not None:
         settings["checkpoint_every_steps"] = args.checkpoint_every
     slow = set(range(world)) if args.slow_ranks == "all" else \

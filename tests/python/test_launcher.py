@@ -76,3 +76,17 @@ def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(
     assert not any(e["event"] == "quarantine" for e in events)
     give_up = [e for e in events if e["event"] == "give_up"]
     assert give_up and all(e["code"] == 96 for e in give_up)
+
+
+def test_without_a_spare_the_job_shrinks_to_one_host_and_finishes(tmp_path):
+    s = _run("shrink", tmp_path / "shrink")
+    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95}, s
+    assert s["quarantine"] == ["host-b"]
+    a = _events(tmp_path / "shrink" / "run" / "agent-host-a.events.jsonl")
+    last = [e for e in a if e["event"] == "rendezvous"][-1]
+    assert last["round"] >= 1 and last["group_world"] == 1, last
+    logs = tmp_path / "shrink" / "logs"
+    ranks = [e for p in logs.glob("*-host-a-r*.events.jsonl") for e in _events(p)]
+    restored = [e for e in ranks if e["event"] == "checkpoint_restored" and e["world_size"] == 1]
+    assert restored and restored[0]["step"] > 0, "the shrunk job resumed from a checkpoint of the 2-rank job"
+    assert (tmp_path / "shrink" / "final.pt").exists()

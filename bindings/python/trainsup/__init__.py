@@ -45,6 +45,7 @@ _SETTINGS = {
     "checkpoint_every_steps": "TRAINSUP_CHECKPOINT_EVERY_STEPS", "checkpoint_keep": "TRAINSUP_CHECKPOINT_KEEP",
     "checkpoint_busy_policy": "TRAINSUP_CHECKPOINT_BUSY_POLICY",
     "checkpoint_snapshot": "TRAINSUP_CHECKPOINT_SNAPSHOT",
+    "checkpoint_replicated": "TRAINSUP_CHECKPOINT_REPLICATED",
     "checkpoint_commit_timeout_s": "TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", "mtbf_s": "TRAINSUP_MTBF_S",
     "coordinator": "TRAINSUP_COORDINATOR", "job_token": "TRAINSUP_JOB_TOKEN",
 }

@@ -80,6 +80,9 @@ struct CheckpointOptions {
   int keep = 3;                             // TRAINSUP_CHECKPOINT_KEEP (>= 1)
   BusyPolicy busy_policy = BusyPolicy::kSkip;  // TRAINSUP_CHECKPOINT_BUSY_POLICY
   SnapshotMode snapshot = SnapshotMode::kBlocking;  // TRAINSUP_CHECKPOINT_SNAPSHOT
+  // Every rank saves the same state (data parallel, e.g. DDP): a checkpoint of N ranks then
+  // restores on any number of ranks, rank r reading shard r % N.  TRAINSUP_CHECKPOINT_REPLICATED
+  bool replicated = false;
   double commit_timeout_s = 600;            // TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S
   double mtbf_s = 0;                        // TRAINSUP_MTBF_S (0 = unknown)
   int sync_steps = 10;                      // TRAINSUP_CHECKPOINT_SYNC_STEPS: initial decision spacing

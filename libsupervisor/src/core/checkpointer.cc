@@ -667,13 +667,16 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     std::unique_ptr<ShardReader> shard;
     if (!manifest) {
       st = manifest.status().code() == StatusCode::kNotFound ? Status::notFound("missing manifest") : manifest.status();
-    } else if (manifest->world_size != m.identity.world_size) {
+    } else if (manifest->world_size != m.identity.world_size && !m.options.replicated) {
       ++world_mismatches;
       mismatch_world = manifest->world_size;
       st = Status::invalidArgument("world-size mismatch: written by world size " + std::to_string(manifest->world_size) +
                                    ", this job has " + std::to_string(m.identity.world_size));
     } else {
-      const ManifestShard& ms = manifest->shards[static_cast<size_t>(m.identity.rank)];
+      // Replicated state (every rank saved the same, as with DDP): any shard will do, so a job
+      // of another size reads shard rank % N of the N written.
+      const int shard_rank = m.identity.rank % std::max(1, manifest->world_size);
+      const ManifestShard& ms = manifest->shards[static_cast<size_t>(shard_rank)];
       file = joinPath(dir, ms.file);
       // Size first: a truncated or overwritten shard is named for what is wrong with it.
       auto raw = m.fs->newReadableFile(file);

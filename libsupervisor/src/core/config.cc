@@ -285,6 +285,7 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
     else return Status::invalidArgument("TRAINSUP_CHECKPOINT_SNAPSHOT=" + quote(v) + " is not one of blocking|overlapped");
     return Status::ok();
   });
+  r.boolean("TRAINSUP_CHECKPOINT_REPLICATED", ck.replicated);
   r.number("TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", ck.commit_timeout_s);
   r.number("TRAINSUP_MTBF_S", ck.mtbf_s, /*allow_zero=*/true);
   r.integer("TRAINSUP_CHECKPOINT_SYNC_STEPS", ck.sync_steps, 1);
