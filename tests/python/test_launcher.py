@@ -74,6 +74,10 @@ def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(
     kinds = {e["kind"] for e in events if e["event"] == "verdict"}
     assert kinds == {"failed_rank"}, kinds
     assert not any(e["event"] == "quarantine" for e in events)
+    # The failure is classified from the worker's output: the program's own error.
+    failures = [e for e in events if e["event"] == "worker_failure"]
+    assert failures and {e["error_class"] for e in failures} == {"user_code"}, failures
+    assert "injected user-code error at step 120" in failures[0]["line"]
     give_up = [e for e in events if e["event"] == "give_up"]
     assert give_up and all(e["code"] == 96 for e in give_up)
 

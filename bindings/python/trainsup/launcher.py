@@ -24,7 +24,10 @@ import time
 from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
+import glob
+
 from . import _torchrun_compat as compat
+from .classify import classify, tail
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .telemetry import NodeServices, peek
 
@@ -127,6 +130,11 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         return n
 
     def next_rendezvous(self):
+        if self.round is not None:
+            try:
+                self._classify_failures()
+            except Exception as e:  # classification is a report, never a reason to stop
+                self.events.write("worker_failure_unreadable", error=str(e))
         self._leave_if_quarantined()
         self._account_restart()
         if self.services is not None:
@@ -180,6 +188,28 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 if empty_since is not None and time.monotonic() - empty_since > 60:
                     break
         os._exit(EXIT_QUARANTINED)
+
+    def _classify_failures(self):
+        """Classifies the previous attempt's worker output on this host (torchrun's log files);
+        a GPU hardware fault quarantines this host by itself."""
+        root = self.settings.get("worker_log_dir")
+        if not root:
+            return
+        attempts = sorted(glob.glob(os.path.join(root, f"{self.get_run_id()}_*", "attempt_*")), key=os.path.getmtime)
+        if not attempts:
+            return
+        for stderr in sorted(glob.glob(os.path.join(attempts[-1], "*", "stderr.log"))):
+            cls, line = classify(tail(stderr))
+            if cls == "unknown":
+                continue
+            local_rank = os.path.basename(os.path.dirname(stderr))
+            self.events.write("worker_failure", round=self.round, local_rank=local_rank, error_class=cls, line=line)
+            if cls == "gpu_hardware" and self.quarantine.get(self.node) is None:
+                record = self.quarantine.add(self.node, reason=line, verdict="gpu_hardware",
+                                             ttl_s=self.settings["quarantine_ttl_s"])
+                self.events.write("quarantine", quarantined_host=self.node, verdict="gpu_hardware", gpu="")
+                for command, rc in run_commands(record, self.settings["quarantine_commands"]):
+                    self.events.write("quarantine_command", command=command, exit_code=rc)
 
     def _account_restart(self):
         """Called before each rendezvous after the first: counts restarts for the whole job."""

@@ -66,6 +66,13 @@ def main(argv=None):
         defaults += ["--max_restarts", "100"]
     if not _has(argv, "--monitor_interval", "--monitor-interval"):
         defaults += ["--monitor_interval", "1"]
+    # Workers' output also goes to files, so that a failure can be classified from its tail.
+    run_dir_early = os.path.abspath(next((a.split("=", 1)[1] for a in argv if a.startswith("--run-dir=")),
+                                         os.environ.get("TRAINSUP_RUN_DIR", "trainsup-run")))
+    if "--run-dir" in argv:
+        run_dir_early = os.path.abspath(argv[argv.index("--run-dir") + 1])
+    if not _has(argv, "--log_dir", "--log-dir", "--redirects", "-r", "--tee", "-t"):
+        defaults += ["--log_dir", os.path.join(run_dir_early, "workers"), "--tee", "3"]
     args = parser.parse_args(defaults + argv)
     ours = args
     if args.standalone:
@@ -96,6 +103,7 @@ def main(argv=None):
             "/tmp", f"trainsup-{os.getuid()}", hashlib.sha1(run_dir.encode()).hexdigest()[:10]),
         "nproc_per_node": int(args.nproc_per_node),
         "checkpoint_dir": os.path.abspath(os.environ.get("TRAINSUP_CHECKPOINT_DIR", "checkpoints")),
+        "worker_log_dir": os.path.abspath(args.log_dir) if args.log_dir else None,
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir
 

@@ -1,0 +1,65 @@
+"""Classifies why a worker failed from the tail of its output, by known fault signatures (the
+message bodies, not the prefixes and source line numbers, which differ between PyTorch and NCCL
+versions). Classes, most specific first:
+
+  gpu_hardware        ECC errors, Xid events, row remapping, CUDA errors from the device
+  out_of_memory       CUDA or host out-of-memory
+  preempted           the scheduler cancelled or preempted the job, SIGTERM from outside
+  collective_timeout  an NCCL/gloo collective timed out (the victims of a hung peer)
+  network_or_peer     connections to peers or the rendezvous store broke
+  user_code           a Python traceback that is none of the above (the program's own bug)
+  unknown             nothing recognised
+
+Only gpu_hardware blames the host by itself; user_code never does.
+"""
+import re
+
+_SIGNATURES = [
+    ("gpu_hardware", [
+        r"uncorrectable ECC error", r"CUDA_ERROR_ECC_UNCORRECTABLE", r"NVRM: Xid", r"Row Remapper",
+        r"row remap", r"c10::CUDAError", r"CUDA error: (an illegal|unspecified launch failure|misaligned address)",
+        r"GPU is lost", r"fallen off the bus",
+    ]),
+    ("out_of_memory", [r"OutOfMemoryError", r"CUDA out of memory", r"\bout of memory\b", r"Cannot allocate memory",
+                       r"std::bad_alloc"]),
+    ("preempted", [r"CANCELLED AT .* DUE TO (TIME LIMIT|PREEMPTION|NODE FAILURE)", r"DUE TO PREEMPTION",
+                   r"Received SIGTERM", r"SignalException: Process \d+ got signal: 15"]),
+    ("collective_timeout", [
+        r"Watchdog caught collective operation timeout", r"Timeout at NCCL work", r"Timed out waiting \d+ms for",
+        r"watchdog got stuck", r"Exception \(either an error or timeout\) detected by watchdog",
+        r"NCCL communicator was aborted",
+    ]),
+    ("network_or_peer", [
+        r"Connection closed by remote peer", r"Broken pipe", r"Connection reset by peer", r"socketProgress",
+        r"RendezvousConnectionError", r"Connection refused", r"NCCL WARN Net",
+    ]),
+]
+_COMPILED = [(cls, [re.compile(p, re.IGNORECASE) for p in pats]) for cls, pats in _SIGNATURES]
+_TRACEBACK = re.compile(r"^Traceback \(most recent call last\)|^\w+(\.\w+)*(Error|Exception): ", re.MULTILINE)
+CLASSES = [c for c, _ in _SIGNATURES] + ["user_code", "unknown"]
+
+
+def classify(text):
+    """(class, the line that decided it) for a worker's output tail."""
+    lines = text.splitlines()
+    for cls, patterns in _COMPILED:
+        for line in lines:
+            if any(p.search(line) for p in patterns):
+                return cls, line.strip()
+    m = _TRACEBACK.search(text)
+    if m:
+        # The exception line is the last line of the traceback.
+        last = [l for l in lines if re.match(r"^\w+(\.\w+)*(Error|Exception)\b", l)]
+        return "user_code", (last[-1] if last else m.group(0)).strip()
+    return "unknown", ""
+
+
+def tail(path, max_bytes=64 * 1024):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

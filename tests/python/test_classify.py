@@ -1,0 +1,34 @@
+"""Worker failures classified from real error lines (../shared/reference/log-lines.txt, copied
+into tests/python/data/log-lines.txt with the class each must get)."""
+import os
+
+import pytest
+
+from trainsup.classify import CLASSES, classify
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "log-lines.txt")
+
+
+def _cases():
+    with open(DATA) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                cls, text = line.rstrip("\n").split(" ", 1)
+                yield cls, text
+
+
+@pytest.mark.parametrize("expected,line", list(_cases()))
+def test_real_error_lines_get_their_class(expected, line):
+    assert expected in CLASSES
+    got, why = classify("some earlier output\n" + line + "\n")
+    assert got == expected, (line, got, why)
+
+
+def test_a_plain_traceback_is_user_code_and_the_hardware_wins_over_its_consequences():
+    user = 'Traceback (most recent call last):\n  File "train.py", line 3, in <module>\nKeyError: \'labels\'\n'
+    assert classify(user) == ("user_code", "KeyError: 'labels'")
+    mixed = ("RuntimeError: NCCL communicator was aborted on rank 0.\n"
+             "[E ProcessGroupNCCL.cpp:916] NCCL watchdog thread terminated with exception: CUDA error: "
+             "uncorrectable ECC error encountered\n")
+    assert classify(mixed)[0] == "gpu_hardware"
+    assert classify("all fine\n") == ("unknown", "")
