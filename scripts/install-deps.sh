@@ -15,7 +15,7 @@ packages=(
   libcli11-dev                            # example trainer flags
   libtorch-dev libgloo-dev                # libtorch for the example trainer and torch layer
   python3 python3-dev pybind11-dev        # Python bindings
-  python3-torch python3-numpy python3-pytest
+  python3-torch python3-numpy python3-pytest python3-yaml   # yaml: the Kubernetes example check
 )
 
 missing=()

@@ -1,0 +1,49 @@
+"""The Slurm and Kubernetes launch examples, checked for syntax and for what trainsup needs
+(no cluster here): bash parses the sbatch script, its #SBATCH lines are well formed, srun runs
+one trainsup-run per node with per-host log files; the manifests parse as YAML and run
+trainsup-run with the rendezvous at pod 0 and the settings the launcher reads."""
+import os
+import re
+import subprocess
+
+import yaml
+
+LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                      "launch")
+
+
+def test_slurm_sbatch_script():
+    path = os.path.join(LAUNCH, "slurm.sbatch")
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    text = open(path).read()
+    directives = re.findall(r"^#SBATCH\s+(\S+)", text, re.MULTILINE)
+    assert directives and all(re.fullmatch(r"--[a-z-]+(=\S+)?", d) for d in directives), directives
+    assert "--nodes=5" in directives and "--ntasks-per-node=1" in directives
+    assert re.search(r'srun .*--output="logs/%x-%j-%N.out"', text)
+    assert "--kill-on-bad-exit=0" in text and "trainsup-run --nnodes=4:4" in text
+    assert "trainsup quarantine exclude-arg" in text and "TRAINSUP_QUARANTINE_DIR" in text
+
+
+def test_local_three_hosts_script_parses():
+    assert subprocess.run(["bash", "-n", os.path.join(LAUNCH, "local_3hosts.sh")]).returncode == 0
+
+
+def test_kubernetes_manifests():
+    with open(os.path.join(LAUNCH, "kubernetes", "trainsup-job.yaml")) as f:
+        docs = [d for d in yaml.safe_load_all(f) if d]
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"Service", "Job"}
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"]
+    svc, job = kinds["Service"], kinds["Job"]
+    assert svc["spec"]["clusterIP"] == "None"
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 3
+    pod = spec["template"]["spec"]
+    assert pod["subdomain"] == svc["metadata"]["name"]
+    c = pod["containers"][0]
+    assert c["command"] == ["trainsup-run"]
+    assert f"--rdzv_endpoint={job['metadata']['name']}-0.{svc['metadata']['name']}:29400" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["TRAINSUP_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert {"TRAINSUP_RUN_DIR", "TRAINSUP_QUARANTINE_DIR", "TRAINSUP_QUARANTINE_COMMANDS"} <= set(env)
