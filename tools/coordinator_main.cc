@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "trainsup/config.h"
+#include "wait_for_end.h"
 #include "trainsup/coordinator.h"
 #include "trainsup/exit_codes.h"
 
@@ -65,21 +66,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%s\n", nlohmann::json({{"event", "listening"}, {"port", (*c)->port()}}).dump().c_str());
   std::fflush(stdout);
-  // Until stdin closes (the harness ends) or a signal: wait on stdin.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread reader([] {
-    char buf[256];
-    while (::read(0, buf, sizeof(buf)) > 0) {
-    }
-    ::kill(::getpid(), SIGTERM);
-  });
-  reader.detach();
-  int sig = 0;
-  sigwait(&set, &sig);
+  trainsup::tools::waitForEnd();
   (*c)->stop();
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "trainsup/config.h"
+#include "wait_for_end.h"
 #include "trainsup/exit_codes.h"
 #include "trainsup/node_monitor.h"
 
@@ -46,20 +47,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%s\n", nlohmann::json({{"event", "listening"}, {"socket", o.socket_path}}).dump().c_str());
   std::fflush(stdout);
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread reader([] {
-    char buf[256];
-    while (::read(0, buf, sizeof(buf)) > 0) {
-    }
-    ::kill(::getpid(), SIGTERM);
-  });
-  reader.detach();
-  int sig = 0;
-  sigwait(&set, &sig);
+  trainsup::tools::waitForEnd();
   (*m)->stop();
   auto c = (*m)->counters();
   std::printf("%s\n", nlohmann::json({{"event", "counters"},

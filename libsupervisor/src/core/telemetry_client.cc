@@ -46,6 +46,7 @@ struct TelemetryClient::Impl {
   void pump();
   bool connect();
   bool sendFrame(const WireMessage& m);
+  bool sendPending();
 };
 
 void TelemetryClient::Impl::pump() {
@@ -130,6 +131,20 @@ bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
   return true;
 }
 
+// The queued collective records, in frames of at most 4096; what could not be sent stays
+// queued (bounded by pump()).
+bool TelemetryClient::Impl::sendPending() {
+  while (!pending.empty()) {
+    WireMessage m;
+    m.type = WireType::kCollectives;
+    size_t n = std::min<size_t>(pending.size(), 4096);
+    m.collectives.assign(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+    if (!sendFrame(m)) return false;
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  return true;
+}
+
 // Orders from the coordinator, without blocking: only what has already arrived.
 void TelemetryClient::Impl::receive() {
   if (!socket) return;
@@ -175,15 +190,7 @@ void TelemetryClient::Impl::loop() {
       // closing connection for a crash. Only over a connection that is already up.
       if (socket) {
         pump();
-        bool ok = true;
-        while (ok && !pending.empty()) {
-          WireMessage m;
-          m.type = WireType::kCollectives;
-          size_t n = std::min<size_t>(pending.size(), 4096);
-          m.collectives.assign(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
-          ok = sendFrame(m);
-          pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
-        }
+        bool ok = sendPending();
         WireMessage bye;
         bye.type = WireType::kGone;
         int32_t reason;
@@ -205,14 +212,7 @@ void TelemetryClient::Impl::loop() {
       m.stalls.assign(new_stalls.begin(), new_stalls.end());
       ok = sendFrame(m);
     }
-    while (ok && !pending.empty()) {
-      WireMessage m;
-      m.type = WireType::kCollectives;
-      size_t n = std::min<size_t>(pending.size(), 4096);
-      m.collectives.assign(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
-      ok = sendFrame(m);
-      if (ok) pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
-    }
+    if (ok) ok = sendPending();
     if (ok) {
       WireMessage hb;
       hb.type = WireType::kHeartbeat;
