@@ -134,6 +134,11 @@ def fault_scenario(workdir, steps, spare):
         victim = c.worker_pid("host-b")
         fault_wall = time.time()
         os.kill(victim, signal.SIGSTOP)
+        # A fault marker for `trainsup report` (real faults leave none; the report then counts
+        # detection from the verdict).
+        with open(c.dir / "run" / "faults.jsonl", "a") as f:
+            f.write(json.dumps({"event": "fault_injected", "time": fault_wall, "host": "host-b", "kind": "SIGSTOP",
+                                "pid": victim}) + "\n")
         codes = c.wait_agents(600)
         return c, fault_wall, codes
     finally:

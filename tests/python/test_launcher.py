@@ -54,6 +54,21 @@ def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path):
     restored = next(e for e in c_events if e["event"] == "checkpoint_restored")
     restart = next(e for e in a if e["event"] == "restart")
     assert restored["step"] == restart["newest_checkpoint_step"], (restored, restart)  # newest valid one
+    # The report: the incident, its cost split three ways, ETTR, and an HTML timeline.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    rep = subprocess.run([sys.executable, "-m", "trainsup", "report", str(run)], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    summary = json.loads(rep.stdout.strip().splitlines()[-1])
+    (inc,) = summary["incidents"]
+    assert inc["verdict"] == verdict["kind"] and inc["hosts"] == ["host-b"]
+    assert inc["detection_s"] == pytest.approx(took, abs=0.05)
+    assert inc["restored_step"] == restored["step"] and 0 < inc["replay_s"] < 5 and inc["restart_s"] > 0
+    assert 0 < summary["ettr"] < 1
+    assert "incident 1" in rep.stdout and "quarantine" in rep.stdout
+    assert "<svg" in (run / "report.html").read_text()
+    print(f"[measure] report: lost {summary['lost_s']:.2f} s (detection {inc['detection_s']:.2f}, "
+          f"replay {inc['replay_s']:.2f}, restart {inc['restart_s']:.2f}), ETTR {summary['ettr']:.3f}")
     # Bitwise the parameters of the run that never failed.
     ref = torch.load(tmp_path / "clean" / "final.pt")
     got = torch.load(tmp_path / "spare" / "final.pt")

@@ -4,6 +4,7 @@
   trainsup quarantine add HOST --reason TEXT [--gpu G] [--ttl-s S] [--dir DIR]
   trainsup quarantine remove HOST [--dir DIR]
   trainsup quarantine exclude-arg [--dir DIR]              e.g. --exclude=node17,node42 (for sbatch)
+  trainsup report RUN_DIR [--logs DIR] [--html FILE]       timeline, time lost per incident, ETTR
 
 DIR defaults to TRAINSUP_QUARANTINE_DIR, else <TRAINSUP_RUN_DIR>/quarantine.
 """
@@ -15,7 +16,12 @@ from .quarantine import DEFAULT_TTL_S, Quarantine, default_dir, run_commands
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="trainsup", description="trainsup operator commands")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:
+        from .report import main as report
+        return report(argv[1:])
+    p = argparse.ArgumentParser(prog="trainsup", description="trainsup operator commands "
+                                "(also: trainsup report RUN_DIR, see trainsup report --help)")
     sub = p.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quarantine", help="hosts kept out of the job")
     qs = q.add_subparsers(dest="action", required=True)
