@@ -109,3 +109,21 @@ def test_without_a_spare_the_job_shrinks_to_one_host_and_finishes(tmp_path):
     restored = [e for e in ranks if e["event"] == "checkpoint_restored" and e["world_size"] == 1]
     assert restored and restored[0]["step"] > 0, "the shrunk job resumed from a checkpoint of the 2-rank job"
     assert (tmp_path / "shrink" / "final.pt").exists()
+
+
+def test_a_host_failing_its_preflight_quarantines_itself_and_never_joins(tmp_path):
+    script = tmp_path / "never_runs.py"
+    script.write_text("raise SystemExit('the worker must not start on an unhealthy host')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), TRAINSUP_NODE_NAME="host-x",
+               TRAINSUP_PREFLIGHT_COMMAND="exit 3")
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "trainsup.run", "--standalone", "--nnodes=1", "--nproc_per_node=1",
+                        "--run-dir", str(run), str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 95, p.stdout[-2000:] + p.stderr[-2000:]
+    events = _events(run / "agent-host-x.events.jsonl")
+    pre = next(e for e in events if e["event"] == "preflight")
+    assert not pre["healthy"] and any("exited 3" in d for d in pre["details"])
+    # No driver here: the GPU part is skipped, not failed.
+    assert "skipped" in pre["details"][0]
+    assert json.loads((run / "quarantine" / "host-x.json").read_text())["verdict"] == "preflight"
+    assert not any(e["event"] == "rendezvous" for e in events)

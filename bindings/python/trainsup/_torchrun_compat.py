@@ -118,3 +118,9 @@ def rendezvous_over(handler):
     handler._state_holder.sync()
     st = state(handler)
     return st.closed or (not st.participants and not st.wait_list)
+
+
+def others_alive(handler):
+    """Whether any other node has a keep-alive record in the rendezvous."""
+    st = state(handler)
+    return any(node != handler._this_node for node in st.last_heartbeats)

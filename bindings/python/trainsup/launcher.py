@@ -28,6 +28,7 @@ import glob
 
 from . import _torchrun_compat as compat
 from .classify import classify, tail
+from . import preflight
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .telemetry import NodeServices, peek
 
@@ -100,6 +101,18 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._watch = threading.Thread(target=self._watch_loop, name="trainsup-agent-watch", daemon=True)
         self._watch.start()
         self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner))
+        self._preflight()
+
+    def _preflight(self):
+        healthy, details = preflight.run(self.settings.get("preflight_command"))
+        self.events.write("preflight", healthy=healthy, details=details)
+        if not healthy and self.quarantine.get(self.node) is None:
+            reason = "; ".join(details[1:])
+            record = self.quarantine.add(self.node, reason=f"preflight: {reason}", verdict="preflight",
+                                         ttl_s=self.settings["quarantine_ttl_s"])
+            self.events.write("quarantine", quarantined_host=self.node, verdict="preflight", gpu="")
+            for command, rc in run_commands(record, self.settings["quarantine_commands"]):
+                self.events.write("quarantine_command", command=command, exit_code=rc)
 
     # --- RendezvousHandler ---
     def get_backend(self):
@@ -184,6 +197,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                     over = True
                 if compat.state(self.inner).closed:
                     break
+                if over and not compat.others_alive(self.inner):
+                    break  # nobody else ever joined, or everyone has gone
                 empty_since = (empty_since or time.monotonic()) if over else None
                 if empty_since is not None and time.monotonic() - empty_since > 60:
                     break

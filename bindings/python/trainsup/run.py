@@ -94,6 +94,7 @@ def main(argv=None):
         "quarantine_dir": os.path.abspath(_setting(ours, "--quarantine-dir") or os.path.join(run_dir, "quarantine")),
         "quarantine_ttl_s": float(_setting(ours, "--quarantine-ttl-s")),
         "quarantine_commands": os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", ""),
+        "preflight_command": os.environ.get("TRAINSUP_PREFLIGHT_COMMAND", ""),
         "max_restarts": int(_setting(ours, "--max-job-restarts")),
         "max_restarts_without_progress": int(_setting(ours, "--max-restarts-without-progress")),
         "bind": bind,
