@@ -67,3 +67,6 @@ print(f"   agent exit codes {codes} (95 = host quarantined), quarantine {job['qu
 print("\ndemo OK" if ok else "\ndemo FAILED")
 sys.exit(0 if ok else 1)
 PY
+echo
+echo "== trainsup report $dir/job/run (the full timeline is in its output and HTML page)"
+/usr/bin/python3 -m trainsup report "$dir/job/run" | grep -E "^run:|^incident|^  detection|^HTML" | sed 's/^/   /'
