@@ -54,6 +54,8 @@ struct DetectorOptions {
 };
 // Parses "allreduce=30,broadcast=120" into options.op_budget_s; the error names the entry.
 TRAINSUP_EXPORT Status parseOpBudgets(const std::string& text, DetectorOptions& options);
+// What a hello says of a rank, merged into what was known: an empty host or GPU keeps the old.
+TRAINSUP_EXPORT void mergeRankInfo(RankInfo& known, const RankInfo& hello);
 
 enum class VerdictKind {
   kHungRank, kCommunicationFault, kSilentRank, kDeadRank, kStalledRank, kStraggler,
@@ -94,7 +96,7 @@ class TRAINSUP_EXPORT Detector {
   void onFinished(int rank);
   // The rank is ending with an error of its own (an exception in the training code): a
   // failed_rank verdict, not a dead one, and nothing about its departure afterwards.
-  void onFailed(int rank, int64_t now_ns);
+  void onFailed(int rank);
   void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);
   // A rank's hello: its host, local rank and GPU, for the verdicts (out-of-range ranks ignored;
   // an empty host or GPU keeps what was known).
@@ -131,7 +133,7 @@ class TRAINSUP_EXPORT Detector {
     int64_t at_ns = -1;  // when it was reported (coordinator clock)
   };
   std::vector<Progress> progress_;
-  std::string whereIs(int rank, int64_t now_ns) const;
+  std::string whereIs(int rank) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
   std::vector<bool> expected_only_;  // last_seen_ns_ is an expectation, not a sighting
   bool any_dead_reported_ = false;

@@ -170,6 +170,11 @@ struct Checkpointer::Impl {
   Result<Outcome> snapshot(int64_t step, int64_t seq, const Collect& collect);
   Result<Outcome> snapshotOrReport(int64_t step, int64_t seq, const Collect& collect);
   Status awaitSnapshot();
+  // The time the training thread was held by the last snapshot, and Young/Daly from it. Under mu.
+  void recordStall(double stall_s) {
+    stats.last_stall_s = stall_s;
+    if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall_s * options.mtbf_s);
+  }
   void writerLoop();
   void persist(Job& job);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
@@ -394,8 +399,7 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
       snapshot_pending = true;
       snapshot_status = Status::ok();
     } else {
-      stats.last_stall_s = stall;
-      if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall * options.mtbf_s);
+      recordStall(stall);
     }
   }
   cv.notify_all();
@@ -417,19 +421,15 @@ Status Checkpointer::Impl::awaitSnapshot() {
   snapshot_outstanding = false;
   const Nanos start = clock->monotonicNow();
   Status copied;
-  double copy_s = 0;
+  double copy_s = 0, blocked_s = 0, stall = 0;
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return !snapshot_pending; });
     copied = snapshot_status;
     copy_s = snapshot_copy_s;
-  }
-  const double blocked_s = toSeconds(clock->monotonicNow() - start);
-  const double stall = outstanding_save_s + blocked_s;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stats.last_stall_s = stall;
-    if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall * options.mtbf_s);
+    blocked_s = toSeconds(clock->monotonicNow() - start);
+    stall = outstanding_save_s + blocked_s;
+    recordStall(stall);
   }
   event("checkpoint_snapshot", {{"step", outstanding_step}, {"bytes", outstanding_bytes}, {"stall_s", stall},
                                 {"waited_s", outstanding_waited_s}, {"mode", "overlapped"}, {"copy_s", copy_s},

@@ -111,19 +111,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
         o.detector->setRankInfo(info);
         {
           std::lock_guard<std::mutex> lock(o.counters_mu);
-          if (h.rank >= 0 && static_cast<size_t>(h.rank) < o.known.size()) {
-            RankInfo& k = o.known[h.rank];
-            k.local_rank = info.local_rank;
-            if (!info.host.empty()) k.host = info.host;
-            if (!info.gpu.empty()) k.gpu = info.gpu;
-          }
+          if (h.rank >= 0 && static_cast<size_t>(h.rank) < o.known.size()) mergeRankInfo(o.known[h.rank], info);
         }
       }
       for (const auto& g : m.gones) {
         if (g.reason == kGoneFinished) {
           o.detector->onFinished(g.rank);
         } else if (g.reason == kGoneFailed) {
-          o.detector->onFailed(g.rank, now);
+          o.detector->onFailed(g.rank);
         } else {
           o.detector->onDisconnect(g.rank, now);
         }

@@ -96,10 +96,9 @@ void Detector::onProgress(int rank, int64_t step, const std::string& section, in
 }
 
 // "; rank 2 was in section 'forward' (step 60) for 5.2 s at its last heartbeat", or "".
-std::string Detector::whereIs(int rank, int64_t now_ns) const {
+std::string Detector::whereIs(int rank) const {
   const Progress& p = progress_[rank];
   if (p.at_ns < 0) return "";
-  (void)now_ns;
   return "; rank " + std::to_string(rank) + " was in section '" + p.section + "' (step " + std::to_string(p.step) +
          ") for " + fmtS(p.in_section_ns) + " at its last heartbeat";
 }
@@ -113,12 +112,12 @@ void Detector::expectRanks(int64_t now_ns, double within_s, const std::vector<in
   }
 }
 
-void Detector::onFailed(int rank, int64_t now_ns) {
+void Detector::onFailed(int rank) {
   if (rank < 0 || rank >= world_ || finished_[rank]) return;
   finished_[rank] = true;
   queued_.push_back(make(VerdictKind::kFailedRank, {rank},
                          "rank " + std::to_string(rank) + " reported that it is ending with an error of its own" +
-                             whereIs(rank, now_ns)));
+                             whereIs(rank)));
 }
 
 void Detector::onFinished(int rank) {
@@ -154,12 +153,15 @@ Status parseOpBudgets(const std::string& text, DetectorOptions& options) {
   return Status::ok();
 }
 
+void mergeRankInfo(RankInfo& known, const RankInfo& hello) {
+  known.local_rank = hello.local_rank;
+  if (!hello.host.empty()) known.host = hello.host;  // what the rank does not know, keep
+  if (!hello.gpu.empty()) known.gpu = hello.gpu;
+}
+
 void Detector::setRankInfo(const RankInfo& info) {
   if (info.rank < 0 || info.rank >= world_) return;
-  RankInfo& r = ranks_[info.rank];
-  r.local_rank = info.local_rank;
-  if (!info.host.empty()) r.host = info.host;  // what the rank does not know, keep
-  if (!info.gpu.empty()) r.gpu = info.gpu;
+  mergeRankInfo(ranks_[info.rank], info);
 }
 
 void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
@@ -285,7 +287,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     out.push_back(make(VerdictKind::kDeadRank, {r},
                        "rank " + std::to_string(r) + "'s telemetry connection closed" +
                            (first ? " (the first rank to go)" : " (after another rank went: likely a consequence)") +
-                           whereIs(r, now_ns)));
+                           whereIs(r)));
   }
   // Silent ranks.
   const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
@@ -299,7 +301,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                                    " since this coordinator took over the job"
                              : "no telemetry from rank " + std::to_string(r) + " for " +
                                    fmtS(now_ns - last_seen_ns_[r]) + " (timeout " + fmtS(silence) + ")" +
-                                   whereIs(r, now_ns)));
+                                   whereIs(r)));
     }
   }
   // Own-watchdog reports and straggler findings, as they came.
@@ -325,14 +327,14 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       out.push_back(make(VerdictKind::kHungRank, missing,
                          what + ": rank(s) " + listRanks(missing) + " never entered it; " +
                              std::to_string(p.entered_count) + " of " + std::to_string(world_) + " did" +
-                             whereIs(missing.front(), now_ns),
+                             whereIs(missing.front()),
                          seq, collectiveOpName(p.op)));
     } else if (p.exited_count > 0) {
       // The others got through: the collective works, these ranks are stuck inside it.
       out.push_back(make(VerdictKind::kHungRank, unfinished,
                          what + ": every rank entered it and " + std::to_string(p.exited_count) +
                              " completed it; rank(s) " + listRanks(unfinished) + " did not" +
-                             whereIs(unfinished.front(), now_ns),
+                             whereIs(unfinished.front()),
                          seq, collectiveOpName(p.op)));
     } else {
       out.push_back(make(VerdictKind::kCommunicationFault, unfinished,

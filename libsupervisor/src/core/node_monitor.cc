@@ -20,6 +20,24 @@ using local = asio::local::stream_protocol;
 
 namespace {
 constexpr size_t kRecordsPerFrame = 4096;
+
+// Moves every record of `queue` into frames of at most kRecordsPerFrame records of `type`
+// (whose records live in `field` of WireMessage), appended to `out`; returns the record count.
+template <class T>
+uint64_t drainInFrames(std::deque<T>& queue, WireType type, std::vector<T> WireMessage::*field, const JobToken& token,
+                       std::string& out) {
+  uint64_t records = 0;
+  while (!queue.empty()) {
+    WireMessage m;
+    m.type = type;
+    size_t n = std::min(queue.size(), kRecordsPerFrame);
+    (m.*field).assign(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+    queue.erase(queue.begin(), queue.begin() + static_cast<std::ptrdiff_t>(n));
+    out += encodeFrame(m, token);
+    records += n;
+  }
+  return records;
+}
 asio::steady_timer::duration toDuration(double s) {
   return std::chrono::duration_cast<asio::steady_timer::duration>(std::chrono::duration<double>(s));
 }
@@ -267,48 +285,18 @@ void NodeMonitor::Impl::flush() {
   if (up != Up::kConnected || writing) return;
   auto out = std::make_shared<std::string>();
   uint64_t records = 0;
-  auto frame = [&](WireMessage& m, size_t n) {
-    if (n == 0) return;
-    *out += encodeFrame(m, token);
-    records += n;
-  };
-  {
-    WireMessage m;
-    m.type = WireType::kStall;
-    m.stalls.assign(out_stalls.begin(), out_stalls.end());
-    frame(m, m.stalls.size());
-    out_stalls.clear();
-  }
-  while (!out_hellos.empty()) {
-    WireMessage m;
-    m.type = WireType::kHello;
-    size_t n = std::min(out_hellos.size(), kRecordsPerFrame);
-    m.hellos.assign(out_hellos.begin(), out_hellos.begin() + static_cast<std::ptrdiff_t>(n));
-    out_hellos.erase(out_hellos.begin(), out_hellos.begin() + static_cast<std::ptrdiff_t>(n));
-    frame(m, n);
-  }
-  while (!out_collectives.empty()) {
-    WireMessage m;
-    m.type = WireType::kCollectives;
-    size_t n = std::min(out_collectives.size(), kRecordsPerFrame);
-    m.collectives.assign(out_collectives.begin(), out_collectives.begin() + static_cast<std::ptrdiff_t>(n));
-    out_collectives.erase(out_collectives.begin(), out_collectives.begin() + static_cast<std::ptrdiff_t>(n));
-    frame(m, n);
-  }
-  // Departures after the collectives that came before them.
-  {
-    WireMessage m;
-    m.type = WireType::kGone;
-    m.gones.assign(out_gones.begin(), out_gones.end());
-    frame(m, m.gones.size());
-    out_gones.clear();
-  }
+  // Stall reports first; departures after the collectives that came before them.
+  records += drainInFrames(out_stalls, WireType::kStall, &WireMessage::stalls, token, *out);
+  records += drainInFrames(out_hellos, WireType::kHello, &WireMessage::hellos, token, *out);
+  records += drainInFrames(out_collectives, WireType::kCollectives, &WireMessage::collectives, token, *out);
+  records += drainInFrames(out_gones, WireType::kGone, &WireMessage::gones, token, *out);
   if (!out_heartbeats.empty()) {
     WireMessage m;
     m.type = WireType::kHeartbeat;
     for (const auto& [rank, hb] : out_heartbeats) m.heartbeats.push_back(hb);
     out_heartbeats.clear();
-    frame(m, m.heartbeats.size());
+    records += m.heartbeats.size();
+    *out += encodeFrame(m, token);
   }
   if (out->empty()) return;
   writing = true;

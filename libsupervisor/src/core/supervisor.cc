@@ -58,6 +58,11 @@ struct Supervisor::Impl {
   void onWarn(const StallReport& r);
   void onStall(const StallReport& r);
   void dumpStacks(std::chrono::milliseconds timeout);
+  // Half of the abort grace period (0.1 to 5 s) for a stack dump; the rest is for the abort
+  // callbacks.
+  std::chrono::milliseconds dumpTimeout() const {
+    return std::chrono::milliseconds(static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000));
+  }
   void onUnresponsive(Nanos silent);
   void onAbortDeadline();
   void onAbortOrder(const WireAbort& a);
@@ -67,7 +72,8 @@ struct Supervisor::Impl {
   // The coordinator's abort order arrived (close(failed) waits for it briefly).
   std::mutex abort_mu;
   std::condition_variable abort_cv;
-  bool abort_ordered = false;  // guarded by abort_mu
+  bool abort_ordered = false;   // guarded by abort_mu
+  bool abort_finished = false;  // guarded by abort_mu: the abort path returned (test exit hooks only)
   ~Impl() {
     if (emergency_fd >= 0) ::close(emergency_fd);
   }
@@ -221,10 +227,7 @@ void Supervisor::Impl::onStall(const StallReport& r) {
                           {"budget_s", toSeconds(r.budget.limit)},
                           {"budget_kind", budgetKindName(r.budget.kind)},
                           {"action", stallActionName(config.stall_action)}});
-  // Leave at least half of the grace period for the abort callbacks.
-  auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000));
-  dumpStacks(timeout);
+  dumpStacks(dumpTimeout());
   log.flush();
   if (!exiting) {
     watchdog->clearAbortDeadline();
@@ -259,8 +262,7 @@ void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
   if (a.culprit_rank == config.identity.rank) {
     // Named as the culprit and still able to hear: show where this rank is stuck.
     log.error("this rank is the culprit named by the verdict; dumping stacks");
-    dumpStacks(std::chrono::milliseconds(
-        static_cast<int64_t>(std::min(5.0, std::max(0.1, config.abort_grace_s / 2)) * 1000)));
+    dumpStacks(dumpTimeout());
   }
   StallReport r;
   r.section = "abort";
@@ -269,6 +271,11 @@ void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
   events->write("exit", {{"code", kExitAborted}, {"reason", exitCodeName(kExitAborted)}});
   log.flush();
   terminate(kExitAborted);
+  {
+    std::lock_guard<std::mutex> lock(abort_mu);
+    abort_finished = true;
+  }
+  abort_cv.notify_all();
 }
 
 void Supervisor::Impl::onUnresponsive(Nanos silent) {
@@ -380,15 +387,14 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
     t.local_rank = c.identity.local_rank;
     t.node_name = c.identity.host;
     if (gpu) t.gpu = std::to_string(gpu->index) + ":" + gpu->uuid;
-    Impl* pm = impl.get();
-    t.progress = [pm](WireHeartbeat& hb) {  // on the client's thread: a seqlock snapshot
-      ProgressTracker::Snapshot s = pm->progress->snapshot();
+    Impl* mp = impl.get();
+    t.progress = [mp](WireHeartbeat& hb) {  // on the client's thread: a seqlock snapshot
+      ProgressTracker::Snapshot s = mp->progress->snapshot();
       hb.step = s.step >= 0 ? s.step : s.last_step;
-      hb.in_section_ns = (pm->clock->monotonicNow() - s.started).count();
-      std::string name = s.depth > 0 ? pm->progress->sectionName(s.section) : std::string("between-steps");
+      hb.in_section_ns = (mp->clock->monotonicNow() - s.started).count();
+      std::string name = s.depth > 0 ? mp->progress->sectionName(s.section) : std::string("between-steps");
       std::strncpy(hb.section, name.c_str(), sizeof(hb.section) - 1);
     };
-    Impl* mp = impl.get();
     t.on_abort = [mp](const WireAbort& a) { mp->onAbortOrder(a); };
     auto client = TelemetryClient::start(t);
     if (!client) return client.status();
@@ -412,7 +418,7 @@ void Supervisor::close(bool failed) {
       // The abort path owns the exit now: it ends the process within abort_grace_s (its
       // watchdog deadline enforces that). Only a test's exit hook returns from it.
       impl_->abort_cv.wait_for(lock, std::chrono::duration<double>(impl_->config.abort_grace_s + 1),
-                               [] { return false; });
+                               [&] { return impl_->abort_finished; });
     }
   }
   // Failed and not ordered to abort: an error of the training code itself. Say so, so that the

@@ -26,8 +26,8 @@ struct TelemetryClient::Impl {
   mutable std::mutex mu;
   std::condition_variable cv;
   bool stopping = false;             // guarded by mu
-  bool goodbye = true;               // guarded by mu: say goodbye when stopping
-  int32_t goodbye_reason = kGoneFinished;  // guarded by mu
+  // guarded by mu: what to say when stopping; kGoneClosed = nothing (dropConnection)
+  int32_t goodbye_reason = kGoneFinished;
   std::deque<WireStall> stalls;      // guarded by mu
   Counters counters;                 // guarded by mu
   std::thread thread;
@@ -81,17 +81,14 @@ void TelemetryClient::Impl::pump() {
 bool TelemetryClient::Impl::connect() {
   if (socket) return true;
   try {
-    std::unique_ptr<Socket> s;
-    if (!options.unix_path.empty()) {
-      asio::generic::stream_protocol::endpoint ep{asio::local::stream_protocol::endpoint(options.unix_path)};
-      s = std::make_unique<Socket>(io, ep.protocol());
-      s->connect(ep);
-    } else {
-      asio::generic::stream_protocol::endpoint ep{tcp::endpoint(asio::ip::make_address(options.host), options.port)};
-      s = std::make_unique<Socket>(io, ep.protocol());
-      s->connect(ep);
-      s->set_option(tcp::no_delay(true));
-    }
+    const bool local = !options.unix_path.empty();
+    const asio::generic::stream_protocol::endpoint ep =
+        local ? asio::generic::stream_protocol::endpoint(asio::local::stream_protocol::endpoint(options.unix_path))
+              : asio::generic::stream_protocol::endpoint(
+                    tcp::endpoint(asio::ip::make_address(options.host), options.port));
+    auto s = std::make_unique<Socket>(io, ep.protocol());
+    s->connect(ep);
+    if (!local) s->set_option(tcp::no_delay(true));
     socket = std::move(s);
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -168,6 +165,7 @@ void TelemetryClient::Impl::loop() {
   for (;;) {
     std::deque<WireStall> new_stalls;
     bool last = false;
+    int32_t reason = kGoneFinished;
     {
       // Until the next interval, a stall report or stop; abort orders are read every 20 ms
       // meanwhile, so that every rank acts on one within moments of the others.
@@ -182,7 +180,8 @@ void TelemetryClient::Impl::loop() {
         lock.lock();
       }
       last = stopping;
-      if (last && !goodbye) return;  // dropped: as if the process died
+      reason = goodbye_reason;
+      if (last && reason == kGoneClosed) return;  // dropped: as if the process died
       new_stalls.swap(stalls);
     }
     if (last) {
@@ -193,11 +192,6 @@ void TelemetryClient::Impl::loop() {
         bool ok = sendPending();
         WireMessage bye;
         bye.type = WireType::kGone;
-        int32_t reason;
-        {
-          std::lock_guard<std::mutex> lock(mu);
-          reason = goodbye_reason;
-        }
         bye.gones.push_back({options.rank, reason});
         if (ok) sendFrame(bye);
       }
@@ -274,7 +268,7 @@ void TelemetryClient::stopFailed() {
 void TelemetryClient::dropConnection() {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->goodbye = false;
+    impl_->goodbye_reason = kGoneClosed;
   }
   stop();
   impl_->socket.reset();  // the thread is joined: closing here is safe
