@@ -29,6 +29,7 @@ import glob
 from . import _torchrun_compat as compat
 from .classify import classify, tail
 from . import preflight
+from .checkpoint import load_checkpoint
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .telemetry import NodeServices, peek
 
@@ -70,19 +71,12 @@ def _children():
 
 
 def newest_valid_step(checkpoint_dir):
-    """The step of the newest checkpoint with a manifest (progress for the restart guard)."""
-    best = -1
+    """The step of the newest checkpoint with its manifest and shards (progress for the
+    restart guard), or -1."""
     try:
-        names = os.listdir(checkpoint_dir)
-    except OSError:
-        return best
-    for name in names:
-        if name.startswith("step-") and os.path.exists(os.path.join(checkpoint_dir, name, "MANIFEST.json")):
-            try:
-                best = max(best, int(name[5:]))
-            except ValueError:
-                pass
-    return best
+        return load_checkpoint(checkpoint_dir).step
+    except (OSError, RuntimeError):
+        return -1
 
 
 class TrainsupRendezvousHandler(RendezvousHandler):
@@ -107,12 +101,15 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         healthy, details = preflight.run(self.settings.get("preflight_command"))
         self.events.write("preflight", healthy=healthy, details=details)
         if not healthy and self.quarantine.get(self.node) is None:
-            reason = "; ".join(details[1:])
-            record = self.quarantine.add(self.node, reason=f"preflight: {reason}", verdict="preflight",
-                                         ttl_s=self.settings["quarantine_ttl_s"])
-            self.events.write("quarantine", quarantined_host=self.node, verdict="preflight", gpu="")
-            for command, rc in run_commands(record, self.settings["quarantine_commands"]):
-                self.events.write("quarantine_command", command=command, exit_code=rc)
+            self._quarantine(self.node, "preflight: " + "; ".join(details[1:]), "preflight")
+
+    def _quarantine(self, host, reason, verdict, gpu=""):
+        """Writes the record, says so in the event log and runs the configured commands."""
+        record = self.quarantine.add(host, reason=reason, verdict=verdict, gpu=gpu,
+                                     ttl_s=self.settings["quarantine_ttl_s"])
+        self.events.write("quarantine", quarantined_host=host, verdict=verdict, gpu=gpu)
+        for command, rc in run_commands(record, self.settings["quarantine_commands"]):
+            self.events.write("quarantine_command", command=command, exit_code=rc)
 
     # --- RendezvousHandler ---
     def get_backend(self):
@@ -220,11 +217,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             local_rank = os.path.basename(os.path.dirname(stderr))
             self.events.write("worker_failure", round=self.round, local_rank=local_rank, error_class=cls, line=line)
             if cls == "gpu_hardware" and self.quarantine.get(self.node) is None:
-                record = self.quarantine.add(self.node, reason=line, verdict="gpu_hardware",
-                                             ttl_s=self.settings["quarantine_ttl_s"])
-                self.events.write("quarantine", quarantined_host=self.node, verdict="gpu_hardware", gpu="")
-                for command, rc in run_commands(record, self.settings["quarantine_commands"]):
-                    self.events.write("quarantine_command", command=command, exit_code=rc)
+                self._quarantine(self.node, line, "gpu_hardware")
 
     def _account_restart(self):
         """Called before each rendezvous after the first: counts restarts for the whole job."""
@@ -278,12 +271,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
             for host in culprits:
                 if self.quarantine.get(host) is None and (services.in_office or host == self.node):
-                    gpu = (v.get("gpus") or [""])[0]
-                    record = self.quarantine.add(host, reason=v.get("evidence", v["kind"]), verdict=v["kind"],
-                                                 gpu=gpu, ttl_s=self.settings["quarantine_ttl_s"])
-                    self.events.write("quarantine", quarantined_host=host, verdict=v["kind"], gpu=gpu)
-                    for command, rc in run_commands(record, self.settings["quarantine_commands"]):
-                        self.events.write("quarantine_command", command=command, exit_code=rc)
+                    self._quarantine(host, v.get("evidence", v["kind"]), v["kind"], gpu=(v.get("gpus") or [""])[0])
                 if host == self.node:
                     # Our worker may be stopped or stuck: end it now so that the agent restarts,
                     # finds the host quarantined and leaves.

@@ -66,15 +66,11 @@ def main(argv=None):
         defaults += ["--max_restarts", "100"]
     if not _has(argv, "--monitor_interval", "--monitor-interval"):
         defaults += ["--monitor_interval", "1"]
-    # Workers' output also goes to files, so that a failure can be classified from its tail.
-    run_dir_early = os.path.abspath(next((a.split("=", 1)[1] for a in argv if a.startswith("--run-dir=")),
-                                         os.environ.get("TRAINSUP_RUN_DIR", "trainsup-run")))
-    if "--run-dir" in argv:
-        run_dir_early = os.path.abspath(argv[argv.index("--run-dir") + 1])
-    if not _has(argv, "--log_dir", "--log-dir", "--redirects", "-r", "--tee", "-t"):
-        defaults += ["--log_dir", os.path.join(run_dir_early, "workers"), "--tee", "3"]
     args = parser.parse_args(defaults + argv)
-    ours = args
+    run_dir = os.path.abspath(_setting(args, "--run-dir"))
+    # Workers' output also goes to files, so that a failure can be classified from its tail.
+    if not _has(argv, "--log_dir", "--log-dir", "--redirects", "-r", "--tee", "-t"):
+        args.log_dir, args.tee = os.path.join(run_dir, "workers"), "3"
     if args.standalone:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -87,18 +83,17 @@ def main(argv=None):
                  "(or etcd-v2) with --rdzv_endpoint and --rdzv_id, or --standalone on one machine")
     inner_factory = compat.inner_handler_factory(inner_backend)
 
-    run_dir = os.path.abspath(_setting(ours, "--run-dir"))
-    bind = _setting(ours, "--coordinator-bind")
+    bind = _setting(args, "--coordinator-bind")
     settings = {
         "run_dir": run_dir,
-        "quarantine_dir": os.path.abspath(_setting(ours, "--quarantine-dir") or os.path.join(run_dir, "quarantine")),
-        "quarantine_ttl_s": float(_setting(ours, "--quarantine-ttl-s")),
+        "quarantine_dir": os.path.abspath(_setting(args, "--quarantine-dir") or os.path.join(run_dir, "quarantine")),
+        "quarantine_ttl_s": float(_setting(args, "--quarantine-ttl-s")),
         "quarantine_commands": os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", ""),
         "preflight_command": os.environ.get("TRAINSUP_PREFLIGHT_COMMAND", ""),
-        "max_restarts": int(_setting(ours, "--max-job-restarts")),
-        "max_restarts_without_progress": int(_setting(ours, "--max-restarts-without-progress")),
+        "max_restarts": int(_setting(args, "--max-job-restarts")),
+        "max_restarts_without_progress": int(_setting(args, "--max-restarts-without-progress")),
         "bind": bind,
-        "advertise": _setting(ours, "--coordinator-advertise") or (socket.getfqdn() if bind == "0.0.0.0" else bind),
+        "advertise": _setting(args, "--coordinator-advertise") or (socket.getfqdn() if bind == "0.0.0.0" else bind),
         # Unix socket paths are limited to 107 bytes: a short private directory, not the run dir.
         "socket_dir": os.environ.get("TRAINSUP_SOCKET_DIR") or os.path.join(
             "/tmp", f"trainsup-{os.getuid()}", hashlib.sha1(run_dir.encode()).hexdigest()[:10]),
