@@ -181,10 +181,15 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.services.close()
         print(f"[trainsup] host {self.node} is quarantined ({record.get('reason', '')}); "
               f"its agent leaves the job (exit {EXIT_QUARANTINED})", flush=True)
+        self._exit(EXIT_QUARANTINED)
+
+    def _exit(self, code):
+        """Ends this agent, which has left the rendezvous. If the rendezvous store lives in this
+        process, it keeps serving, without taking part, until the others are done with it:
+        otherwise every other node would lose the rendezvous (when the job ends or gives up at
+        once, this agent may simply be the first to get here)."""
         if compat.serves_store(self.inner):
-            # The rendezvous store lives in this process: keep serving it, without taking
-            # part, until the job is over, or every other node would lose the rendezvous.
-            self.events.write("store_kept", reason="this agent serves the rendezvous store")
+            self.events.write("store_kept", reason="this agent serves the rendezvous store", code=code)
             empty_since = None
             while True:
                 time.sleep(1.0)  # polling the shared rendezvous state, once a second
@@ -199,7 +204,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 empty_since = (empty_since or time.monotonic()) if over else None
                 if empty_since is not None and time.monotonic() - empty_since > 60:
                     break
-        os._exit(EXIT_QUARANTINED)
+        os._exit(code)
 
     def _classify_failures(self):
         """Classifies the previous attempt's worker output on this host (torchrun's log files);
@@ -249,7 +254,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 compat.leave(self.inner)
             except Exception:
                 pass
-            os._exit(EXIT_DO_NOT_REQUEUE)
+            self._exit(EXIT_DO_NOT_REQUEUE)
 
     def _watch_loop(self):
         while not self._stop.wait(0.2):
