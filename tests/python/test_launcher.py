@@ -37,8 +37,9 @@ def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path):
     run = tmp_path / "spare" / "run"
     a = _events(run / "agent-host-a.events.jsonl")
     b = _events(run / "agent-host-b.events.jsonl")
-    # Named within 10 s of the fault, with its host.
-    verdict = next(e for e in a + b if e["event"] == "verdict")
+    # Named within 10 s of the fault, with its host. Every agent logs the verdict when it sees it;
+    # the first one to see it is when the job learned it (the report counts the same one).
+    verdict = min((e for e in a + b if e["event"] == "verdict"), key=lambda e: e["time"])
     assert verdict["hosts"] == ["host-b"] and verdict["kind"] in ("silent_rank", "hung_rank"), verdict
     took = verdict["time"] - s["fault_time"]
     print(f"[measure] host-b named ({verdict['kind']}) {took:.2f} s after its worker was stopped")
