@@ -9,6 +9,10 @@ training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
   shrink      hosts a, b (--nnodes=1:2), no spare; same fault; the job finishes on host-a alone.
   user_error  hosts a, b; every worker raises an exception at step 120 of every attempt: no
               host is quarantined and the job-wide restart cap ends it with 96 (do not requeue).
+  host_death  the etcd-v2 rendezvous (an etcd server started here, as on a cluster's service
+              node); hosts a, b active and c spare; the host whose agent holds the coordinator
+              dies outright (its agent and worker are SIGKILLed at once): the job must go on with
+              the other host and the spare, from the newest valid checkpoint.
 
 Prints a JSON summary line last. Used by tests/python/test_launcher.py, scripts/demo.sh and
 bench/recovery_bench.py.
@@ -44,10 +48,12 @@ def read_events(path):
 
 
 class Cluster:
-    def __init__(self, workdir, nnodes, steps, extra_train=(), env=None):
+    def __init__(self, workdir, nnodes, steps, extra_train=(), env=None, backend="c10d"):
         self.dir = pathlib.Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
+        self.backend = backend
+        self.etcd = self.start_etcd() if backend == "etcd-v2" else None
         self.nnodes = nnodes
         self.steps = steps
         self.extra_train = list(extra_train)
@@ -59,11 +65,35 @@ class Cluster:
     def start(self, host):
         out = open(self.dir / f"agent-{host}.out", "w")
         cmd = [sys.executable, "-m", "trainsup.run", f"--nnodes={self.nnodes}", "--nproc_per_node=1",
-               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{self.port}", "--rdzv_id=scenario",
+               f"--rdzv_backend={self.backend}", f"--rdzv_endpoint=127.0.0.1:{self.port}", "--rdzv_id=scenario",
                "--run-dir", str(self.dir / "run"), str(TRAIN), "--steps", str(self.steps),
                "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
         self.agents[host] = subprocess.Popen(cmd, env=dict(self.env, TRAINSUP_NODE_NAME=host), stdout=out,
                                              stderr=subprocess.STDOUT)
+
+    def start_etcd(self):
+        """A one-member etcd with the v2 API (what torch's etcd-v2 backend speaks) on self.port."""
+        peer = free_port()
+        log = open(self.dir / "etcd.log", "w")
+        proc = subprocess.Popen(["etcd", "--name", "scenario", "--data-dir", str(self.dir / "etcd"), "--enable-v2=true",
+                                 "--listen-client-urls", f"http://127.0.0.1:{self.port}",
+                                 "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
+                                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                                 "--initial-cluster", f"scenario=http://127.0.0.1:{peer}"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"GET /v2/keys/ HTTP/1.0\r\n\r\n")
+                    if b"200 OK" in conn.recv(200):
+                        return proc
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"etcd did not start (see {self.dir / 'etcd.log'})")
+            time.sleep(0.1)  # polls the server's port; bounded by the deadline
 
     def rank_events(self, host):
         return [e for p in sorted((self.dir / "logs").glob(f"*-{host}-r*.events.jsonl")) for e in read_events(p)]
@@ -105,6 +135,9 @@ class Cluster:
                             os.kill(e["pid"], sig)
                         except (ProcessLookupError, PermissionError):
                             pass
+        if self.etcd is not None and self.etcd.poll() is None:
+            self.etcd.terminate()
+            self.etcd.wait()
 
 
 def clean_scenario(workdir, steps):
@@ -145,6 +178,34 @@ def fault_scenario(workdir, steps, spare):
         c.kill_all()
 
 
+def host_death_scenario(workdir, steps):
+    c = Cluster(workdir, "2:2", steps, extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")],
+                backend="etcd-v2")
+    try:
+        c.start("host-a")
+        c.start("host-b")
+        c.wait_until(lambda: c.training_at("host-a", 100) and c.training_at("host-b", 100), 180,
+                     "training on host-a and host-b")
+        c.start("host-c")
+        c.wait_until(lambda: c.training_at("host-a", 200), 120, "training to step 200")
+        time.sleep(0.4)
+        # The host that is worst to lose: the one whose agent runs the coordinator.
+        elected = [e for h in ("host-a", "host-b") for e in c.agent_events(h) if e["event"] == "coordinator_elected"]
+        victim = max(elected, key=lambda e: e["time"])["host"]
+        worker = c.worker_pid(victim)
+        fault_wall = time.time()
+        c.agents[victim].kill()
+        os.kill(worker, signal.SIGKILL)
+        c.agents[victim].wait()
+        with open(c.dir / "run" / "faults.jsonl", "a") as f:
+            f.write(json.dumps({"event": "fault_injected", "time": fault_wall, "host": victim, "kind": "host_death",
+                                "pid": worker}) + "\n")
+        codes = c.wait_agents(600)
+        return c, fault_wall, codes, victim
+    finally:
+        c.kill_all()
+
+
 def user_error_scenario(workdir, steps):
     c = Cluster(workdir, "2:2", steps, extra_train=["--raise-at-step", "120"],
                 env={"TRAINSUP_MAX_RESTARTS": "2"})
@@ -159,7 +220,7 @@ def user_error_scenario(workdir, steps):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error"])
+    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
     a = p.parse_args()
@@ -167,6 +228,9 @@ def main():
     if a.scenario == "user_error":
         c, codes = user_error_scenario(a.workdir, a.steps)
         summary["agent_exit_codes"] = codes
+    elif a.scenario == "host_death":
+        c, fault_wall, codes, victim = host_death_scenario(a.workdir, a.steps)
+        summary.update(agent_exit_codes=codes, fault_time=fault_wall, victim=victim)
     elif a.scenario == "clean":
         c, codes = clean_scenario(a.workdir, a.steps)
         summary["agent_exit_codes"] = codes

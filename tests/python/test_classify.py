@@ -32,3 +32,10 @@ def test_a_plain_traceback_is_user_code_and_the_hardware_wins_over_its_consequen
              "uncorrectable ECC error encountered\n")
     assert classify(mixed)[0] == "gpu_hardware"
     assert classify("all fine\n") == ("unknown", "")
+
+
+def test_a_gloo_peer_that_vanished_is_the_network_not_the_program():
+    # What a gloo worker prints when the host of a peer rank dies (seen in the host_death scenario).
+    tb = ('Traceback (most recent call last):\n  File "train_ddp.py", line 120, in <module>\n'
+          "RuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:11491\n")
+    assert classify(tb)[0] == "network_or_peer"

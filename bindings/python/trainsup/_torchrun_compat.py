@@ -30,7 +30,9 @@ def inner_handler_factory(backend):
     """torchrun's own handler factory for `backend` (c10d, etcd-v2, ...)."""
     from torch.distributed.elastic.rendezvous import registry
 
-    factories = {"c10d": "_create_c10d_handler", "etcd-v2": "_create_etcd_v2_handler", "etcd": "_create_etcd_handler"}
+    # Both build torch's DynamicRendezvousHandler, whose state the hook reads (the older "etcd"
+    # backend is a different handler and is not supported).
+    factories = {"c10d": "_create_c10d_handler", "etcd-v2": "_create_etcd_v2_handler"}
     name = factories.get(backend)
     if name is None or not hasattr(registry, name):
         raise ValueError(f"trainsup.run: rendezvous backend {backend!r} is not supported here "
@@ -43,6 +45,71 @@ def base_store(handler):
     store = getattr(handler, "_store", None)
     if store is None:
         raise RuntimeError("trainsup.run: this torch version's rendezvous handler has no _store")
+    return store
+
+
+def _as_bytes(value):
+    """A store value as torch hands it to a Python store: bytes, str, or (torch 1.13, which
+    converts std::vector<uint8_t>) a list of ints."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def _etcd_store_class():
+    import etcd
+    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore, cas_delay
+
+    class TrainsupEtcdStore(EtcdStore):
+        """torch's EtcdStore plus the two operations trainsup's election, verdict and quarantine
+        keys need and torch's lacks: compare_set (with TCPStore's semantics: an absent key
+        counts as the empty value) and delete_key."""
+
+        def compare_set(self, key, expected_value, desired_value):
+            path = self.prefix + self._encode(key)
+            expected, desired = _as_bytes(expected_value), _as_bytes(desired_value)
+            while True:
+                try:
+                    node = self.client.get(key=path)
+                except etcd.EtcdKeyNotFound:
+                    if expected:
+                        return expected
+                    try:
+                        self.client.write(key=path, value=self._encode(desired), prevExist=False)
+                        return desired
+                    except etcd.EtcdAlreadyExist:
+                        continue  # someone else created it first: compare against theirs
+                current = self._decode(node.value)
+                if current != expected:
+                    return current
+                try:
+                    self.client.test_and_set(key=path, value=self._encode(desired), prev_value=node.value)
+                    return desired
+                except (etcd.EtcdCompareFailed, etcd.EtcdKeyNotFound):
+                    cas_delay()  # changed under us: read it again
+
+        def delete_key(self, key):
+            try:
+                self.client.delete(key=self.prefix + self._encode(key))
+                return True
+            except etcd.EtcdKeyNotFound:
+                return False
+
+        deleteKey = delete_key  # the name torch 1.13's store trampoline looks up
+
+    return TrainsupEtcdStore
+
+
+def trainsup_store(handler):
+    """The store trainsup keeps its job-wide keys in (election, verdicts, quarantine mirror,
+    restart counters): the rendezvous's own TCPStore for c10d; for etcd-v2 an etcd store on the
+    same etcd client under /trainsup/<run id>/, which supports compare_set."""
+    store = base_store(handler)
+    client = getattr(store, "client", None)
+    if client is not None and type(store).__name__ == "EtcdStore":
+        return _etcd_store_class()(client, f"/trainsup/{handler.get_run_id()}/store")
     return store
 
 

@@ -30,7 +30,7 @@ _SIGNATURES = [
         r"NCCL communicator was aborted",
     ]),
     ("network_or_peer", [
-        r"Connection closed by remote peer", r"Broken pipe", r"Connection reset by peer", r"socketProgress",
+        r"Connection closed by (remote )?peer", r"Broken pipe", r"Connection reset by peer", r"socketProgress",
         r"RendezvousConnectionError", r"Connection refused", r"NCCL WARN Net",
     ]),
 ]

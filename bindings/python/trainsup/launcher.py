@@ -86,7 +86,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.node = node_name()
         self.run_dir = settings["run_dir"]
         self.events = AgentEvents(self.run_dir, self.node)
-        self.store = PrefixStore("trainsup/", compat.base_store(inner))
+        # A store written in Python (etcd) must stay referenced here: the PrefixStore keeps only
+        # its C++ half, and torch finds the Python methods through the live Python object.
+        self._base_store = compat.trainsup_store(inner)
+        self.store = PrefixStore("trainsup/", self._base_store)
         self.quarantine = Quarantine(settings["quarantine_dir"], self.store)
         self.services = None
         self.round = None
