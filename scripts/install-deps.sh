@@ -16,6 +16,7 @@ packages=(
   libtorch-dev libgloo-dev                # libtorch for the example trainer and torch layer
   python3 python3-dev pybind11-dev        # Python bindings
   python3-torch python3-numpy python3-pytest python3-yaml   # yaml: the Kubernetes example check
+  etcd-server python3-etcd                # the etcd-v2 rendezvous: a store that outlives any host
 )
 
 missing=()

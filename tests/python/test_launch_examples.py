@@ -22,6 +22,14 @@ def test_slurm_sbatch_script():
     assert re.search(r'srun .*--output="logs/%x-%j-%N.out"', text)
     assert "--kill-on-bad-exit=0" in text and "trainsup-run --nnodes=4:4" in text
     assert "trainsup quarantine exclude-arg" in text and "TRAINSUP_QUARANTINE_DIR" in text
+    # Both rendezvous choices expand to torchrun flags (etcd-v2 when an etcd endpoint is given).
+    for env, want in (({}, "--rdzv_backend=c10d --rdzv_endpoint=n1:29400"),
+                      ({"TRAINSUP_ETCD_ENDPOINT": "etcd1:2379"}, "--rdzv_backend=etcd-v2 --rdzv_endpoint=etcd1:2379")):
+        block = text[text.index("if [[ -n \"${TRAINSUP_ETCD_ENDPOINT"):text.index("fi\n", text.index("rdzv=(")) + 3]
+        out = subprocess.run(["bash", "-c", 'head_node=n1; ' + block + 'echo "${rdzv[@]}"'],
+                             env=dict({k: v for k, v in os.environ.items() if k != "TRAINSUP_ETCD_ENDPOINT"}, **env),
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.strip() == want, (env, out.stdout, out.stderr)
 
 
 def test_local_three_hosts_script_parses():

@@ -1,7 +1,7 @@
 """trainsup.run end to end on simulated hosts (examples/launch/recovery_scenario.py): a rank
 stopped on host-b is named, host-b is quarantined and its agent leaves, the job resumes on
 host-a and the spare host-c from the newest valid checkpoint and finishes with the parameters
-of a run that never failed."""
+of a run that never failed; the same when a host dies outright under the etcd-v2 rendezvous."""
 import json
 import os
 import subprocess
@@ -28,9 +28,25 @@ def _events(path):
         return [json.loads(line) for line in f]
 
 
-def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path):
-    clean = _run("clean", tmp_path / "clean")
-    assert clean["agent_exit_codes"] == {"host-a": 0, "host-b": 0}, clean
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The reference: the same training on host-a + host-b without a fault."""
+    workdir = tmp_path_factory.mktemp("clean")
+    summary = _run("clean", workdir)
+    assert summary["agent_exit_codes"] == {"host-a": 0, "host-b": 0}, summary
+    return torch.load(workdir / "final.pt")
+
+
+def _assert_same_training(ref, path):
+    """Bitwise the parameters and momentum of the run that never failed."""
+    got = torch.load(path)
+    for k in ref["model"]:
+        assert torch.equal(ref["model"][k], got["model"][k]), k
+    for i, st in ref["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], got["optimizer"]["state"][i]["momentum_buffer"]), i
+
+
+def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path, clean):
     s = _run("spare", tmp_path / "spare")
     assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95, "host-c": 0}, s
     assert s["quarantine"] == ["host-b"]
@@ -70,13 +86,41 @@ def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path):
     assert "<svg" in (run / "report.html").read_text()
     print(f"[measure] report: lost {summary['lost_s']:.2f} s (detection {inc['detection_s']:.2f}, "
           f"replay {inc['replay_s']:.2f}, restart {inc['restart_s']:.2f}), ETTR {summary['ettr']:.3f}")
-    # Bitwise the parameters of the run that never failed.
-    ref = torch.load(tmp_path / "clean" / "final.pt")
-    got = torch.load(tmp_path / "spare" / "final.pt")
-    for k in ref["model"]:
-        assert torch.equal(ref["model"][k], got["model"][k]), k
-    for i, st in ref["optimizer"]["state"].items():
-        assert torch.equal(st["momentum_buffer"], got["optimizer"]["state"][i]["momentum_buffer"]), i
+    _assert_same_training(clean, tmp_path / "spare" / "final.pt")
+
+
+def test_a_host_that_dies_outright_is_named_and_evicted_and_the_job_goes_on_under_etcd(tmp_path, clean):
+    # etcd-v2: the rendezvous lives outside the hosts. The victim is the host running the
+    # coordinator, and its agent dies with its worker, so no rank can report it.
+    s = _run("host_death", tmp_path / "death")
+    victim = s["victim"]
+    survivor = ({"host-a", "host-b"} - {victim}).pop()
+    assert s["agent_exit_codes"] == {victim: -9, survivor: 0, "host-c": 0}, s
+    assert s["quarantine"] == [victim]
+    run = tmp_path / "death" / "run"
+    events = _events(run / f"agent-{survivor}.events.jsonl") + _events(run / "agent-host-c.events.jsonl")
+    verdict = min((e for e in events if e["event"] == "verdict"), key=lambda e: e["time"])
+    assert verdict["hosts"] == [victim] and verdict["kind"] in ("dead_host", "silent_rank", "dead_rank"), verdict
+    took = verdict["time"] - s["fault_time"]
+    print(f"[measure] {victim} named ({verdict['kind']}) {took:.2f} s after it died")
+    assert took <= 10, took
+    assert json.loads((run / "quarantine" / f"{victim}.json").read_text())["verdict"] == verdict["kind"]
+    # Its node was taken out of the rendezvous: the next round did not wait out torch's 15 s
+    # keep-alive expiry.
+    evicted = [e for e in events if e["event"] == "rendezvous_evicted"]
+    assert evicted and evicted[0]["evicted_host"] == victim and evicted[0]["was_present"], evicted
+    second = next(e for e in _events(run / f"agent-{survivor}.events.jsonl")
+                  if e["event"] == "rendezvous" and e["round"] >= 1)
+    assert second["group_world"] == 2 and second["time"] - s["fault_time"] < 15, second
+    print(f"[measure] next round formed {second['time'] - s['fault_time']:.2f} s after the host died")
+    # The survivor's worker failed because its peer vanished: classified, not blamed on the code.
+    failures = [e for e in _events(run / f"agent-{survivor}.events.jsonl") if e["event"] == "worker_failure"]
+    assert failures and failures[0]["error_class"] == "network_or_peer", failures
+    c_events = [e for p in (tmp_path / "death" / "logs").glob("*-host-c-r*.events.jsonl") for e in _events(p)]
+    restored = next(e for e in c_events if e["event"] == "checkpoint_restored")
+    restart = next(e for e in _events(run / f"agent-{survivor}.events.jsonl") if e["event"] == "restart")
+    assert restored["step"] == restart["newest_checkpoint_step"], (restored, restart)
+    _assert_same_training(clean, tmp_path / "death" / "final.pt")
 
 
 def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(tmp_path):

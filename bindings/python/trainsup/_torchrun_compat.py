@@ -126,24 +126,53 @@ def round_of(handler):
     return state(handler).round
 
 
+class _LeaveOp:
+    """A rendezvous operation that removes the executor's node from the participants or the
+    wait list, whichever holds it."""
+
+    def __call__(self, ctx, deadline):
+        import time
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+        if time.monotonic() > deadline:
+            return dr._Action.ERROR_TIMEOUT
+        if ctx.node in ctx.state.participants:
+            return dr._Action.REMOVE_FROM_PARTICIPANTS
+        if ctx.node in ctx.state.wait_list:
+            return dr._Action.REMOVE_FROM_WAIT_LIST
+        return dr._Action.FINISH
+
+
 def leave(handler, timeout_s=10.0):
     """Removes this node from the rendezvous (participants or wait list) without closing it, so
     that the others form the next round at once instead of waiting out our keep-alive."""
     import time
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-
-    class _Leave:
-        def __call__(self, ctx, deadline):
-            if time.monotonic() > deadline:
-                return dr._Action.ERROR_TIMEOUT
-            if ctx.node in ctx.state.participants:
-                return dr._Action.REMOVE_FROM_PARTICIPANTS
-            if ctx.node in ctx.state.wait_list:
-                return dr._Action.REMOVE_FROM_WAIT_LIST
-            return dr._Action.FINISH
-
     handler._stop_heartbeats()
-    handler._op_executor.run(_Leave(), time.monotonic() + timeout_s)
+    handler._op_executor.run(_LeaveOp(), time.monotonic() + timeout_s)
+
+
+def node_desc(handler):
+    """This agent's identity in the rendezvous, as JSON-able [fqdn, pid, local_id]."""
+    n = handler._this_node
+    return [n.fqdn, n.pid, n.local_id]
+
+
+def evict(handler, desc, timeout_s=10.0):
+    """Removes another (dead) node, given by node_desc(), from the rendezvous, so that the
+    survivors form the next round now instead of after its keep-alive expires (torch keeps a
+    silent node for keep_alive_interval x keep_alive_max_attempt, 15 s). Runs on a state holder
+    of its own, so it is safe beside this agent's own rendezvous calls: the backend's
+    compare-and-set orders the writes. Returns True if the node was in the rendezvous."""
+    import time
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    node = dr._NodeDesc(str(desc[0]), int(desc[1]), int(desc[2]))
+    holder = dr._BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings)
+    holder.sync()
+    st = holder.state
+    present = node in st.participants or node in st.wait_list
+    if present:
+        dr._DistributedRendezvousOpExecutor(node, holder, handler._settings).run(_LeaveOp(),
+                                                                               time.monotonic() + timeout_s)
+    return present
 
 
 def store_port(handler):

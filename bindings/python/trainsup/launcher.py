@@ -31,11 +31,12 @@ from .classify import classify, tail
 from . import preflight
 from .checkpoint import load_checkpoint
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
-from .telemetry import NodeServices, peek
+from .liveness import HostLiveness
+from .telemetry import NodeServices, peek, publish_verdict, rank_table
 
 EXIT_DO_NOT_REQUEUE = 96
 # Verdicts that say a host is broken (not the program): its host is quarantined.
-QUARANTINE_KINDS = {"hung_rank", "silent_rank", "stalled_rank", "dead_rank"}
+QUARANTINE_KINDS = {"hung_rank", "silent_rank", "stalled_rank", "dead_rank", "dead_host"}
 
 
 def node_name():
@@ -98,6 +99,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._watch = threading.Thread(target=self._watch_loop, name="trainsup-agent-watch", daemon=True)
         self._watch.start()
         self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner))
+        self._lost_lock = threading.Lock()
+        self.liveness = HostLiveness(self.store, inner.get_run_id(), self.node, compat.node_desc(inner),
+                                     self._host_lost, interval_s=settings["agent_heartbeat_s"],
+                                     timeout_s=settings["agent_timeout_s"])
         self._preflight()
 
     def _preflight(self):
@@ -129,6 +134,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
 
     def shutdown(self):
         self._stop.set()
+        self.liveness.left()
         if self.services is not None:
             self.services.close()
             self.services = None
@@ -166,6 +172,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         os.environ["TRAINSUP_NODE_NAME"] = self.node
         os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
         os.environ.setdefault("TRAINSUP_JOB_ID", self.get_run_id())
+        self.liveness.joined_round(self.round, group_rank, group_world)
         self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
         return store, group_rank, group_world
@@ -191,6 +198,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         process, it keeps serving, without taking part, until the others are done with it:
         otherwise every other node would lose the rendezvous (when the job ends or gives up at
         once, this agent may simply be the first to get here)."""
+        self.liveness.left()
         if compat.serves_store(self.inner):
             self.events.write("store_kept", reason="this agent serves the rendezvous store", code=code)
             empty_since = None
@@ -208,6 +216,39 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 if empty_since is not None and time.monotonic() - empty_since > 60:
                     break
         os._exit(code)
+
+    def _host_lost(self, host, silent_s, desc, rnd):
+        """HostLiveness found `host`'s agent silent: the host died outright. Names it (unless a
+        verdict already explains the round; one that only says a rank failed is replaced: the
+        vanished host explains it), quarantines it, and removes its node from the rendezvous so
+        that the others do not wait out torch's keep-alive expiry."""
+        with self._lost_lock:
+            job_id = f"{self.get_run_id()}.{rnd}"
+            self.events.write("agent_lost", round=rnd, lost_host=host, silent_s=round(silent_s, 3))
+            try:
+                table = rank_table(self.store, job_id)
+            except Exception:
+                table = []
+            ranks = sorted(r[0] for r in table if r[2] == host)
+            gpus = [r[3] for r in sorted(table) if r[2] == host]
+            evidence = (f"host {host}'s agent stopped renewing its keep-alive {silent_s:.1f} s ago "
+                        f"(timeout {self.settings['agent_timeout_s']:g} s): the host died with its ranks "
+                        f"{', '.join(map(str, ranks)) or '(none known)'}")
+            ours = {"kind": "dead_host", "ranks": ranks, "hosts": [host], "gpus": gpus, "section": "",
+                    "evidence": evidence}
+            held = publish_verdict(self.store, job_id, ours, replaces=("failed_rank",))
+            if held == ours:
+                self._handled_verdicts.add((job_id, json.dumps(ours, sort_keys=True)))
+                self.events.write("verdict", round=rnd, kind="dead_host", ranks=ranks, hosts=[host], section="",
+                                  evidence=evidence)
+            if self.quarantine.get(host) is None:
+                self._quarantine(host, evidence, "dead_host", gpu=(gpus or [""])[0])
+            if desc is not None:
+                try:
+                    present = compat.evict(self.inner, desc)
+                    self.events.write("rendezvous_evicted", evicted_host=host, was_present=present)
+                except Exception as e:  # torch's keep-alive expiry removes it anyway, later
+                    self.events.write("rendezvous_evict_failed", evicted_host=host, error=str(e))
 
     def _classify_failures(self):
         """Classifies the previous attempt's worker output on this host (torchrun's log files);

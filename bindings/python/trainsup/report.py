@@ -87,7 +87,7 @@ def analyse(agents, ranks, faults):
 
 
 TIMELINE_AGENT = {"rendezvous", "coordinator_elected", "coordinator_takeover", "verdict", "quarantine",
-                  "quarantined_exit", "worker_failure", "restart", "give_up"}
+                  "quarantined_exit", "worker_failure", "restart", "give_up", "agent_lost", "rendezvous_evicted"}
 TIMELINE_RANK = {"abort_ordered", "stall", "exit", "checkpoint_restored", "first_step"}
 
 
@@ -100,7 +100,7 @@ def timeline(agents, ranks, faults):
 
 def _describe(e):
     keys = ("round", "kind", "hosts", "section", "quarantined_host", "error_class", "restarts", "code", "step",
-            "verdict", "culprit_host", "group_world", "reason")
+            "verdict", "culprit_host", "group_world", "reason", "lost_host", "silent_s", "evicted_host")
     return " ".join(f"{k}={e[k]}" for k in keys if k in e and e[k] not in ("", None, []))
 
 
@@ -126,7 +126,8 @@ def text_report(a, rows):
 COLORS = {"verdict": "#d62728", "quarantine": "#9467bd", "quarantined_exit": "#9467bd", "fault_injected": "#000000",
           "abort_ordered": "#ff7f0e", "exit": "#ff7f0e", "rendezvous": "#1f77b4", "checkpoint_restored": "#2ca02c",
           "first_step": "#2ca02c", "restart": "#8c564b", "give_up": "#7f7f7f", "worker_failure": "#e377c2",
-          "stall": "#d62728", "coordinator_elected": "#17becf", "coordinator_takeover": "#17becf"}
+          "stall": "#d62728", "coordinator_elected": "#17becf", "coordinator_takeover": "#17becf",
+          "agent_lost": "#d62728", "rendezvous_evicted": "#1f77b4"}
 
 
 def html_report(a, rows, text):

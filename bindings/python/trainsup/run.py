@@ -68,9 +68,11 @@ def main(argv=None):
         defaults += ["--monitor_interval", "1"]
     args = parser.parse_args(defaults + argv)
     run_dir = os.path.abspath(_setting(args, "--run-dir"))
-    # Workers' output also goes to files, so that a failure can be classified from its tail.
+    # Workers' output also goes to files, so that a failure can be classified from its tail; one
+    # folder per host, because the run dir may be on storage that every host shares.
     if not _has(argv, "--log_dir", "--log-dir", "--redirects", "-r", "--tee", "-t"):
-        args.log_dir, args.tee = os.path.join(run_dir, "workers"), "3"
+        from .launcher import node_name
+        args.log_dir, args.tee = os.path.join(run_dir, "workers", node_name()), "3"
     if args.standalone:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -100,6 +102,8 @@ def main(argv=None):
         "nproc_per_node": int(args.nproc_per_node),
         "checkpoint_dir": os.path.abspath(os.environ.get("TRAINSUP_CHECKPOINT_DIR", "checkpoints")),
         "worker_log_dir": os.path.abspath(args.log_dir) if args.log_dir else None,
+        "agent_heartbeat_s": float(os.environ.get("TRAINSUP_AGENT_HEARTBEAT_S", "1")),
+        "agent_timeout_s": float(os.environ.get("TRAINSUP_AGENT_TIMEOUT_S", "5")),
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir
 

@@ -57,6 +57,29 @@ def peek(store, key):
     return None if value == _ABSENT else value
 
 
+def publish_verdict(store, job_id, verdict, replaces=()):
+    """Makes `verdict` the job round's first fatal verdict unless one is there already (or the
+    one there is of a kind in `replaces`). Returns the verdict in force."""
+    key = _key(job_id, "verdict")
+    text = json.dumps(verdict)
+    current = _text(compare_set(store, key, "", text))
+    while current != text:
+        try:
+            held = json.loads(current)
+        except ValueError:
+            return verdict
+        if held.get("kind") not in replaces:
+            return held
+        current = _text(compare_set(store, key, current, text))
+    return verdict
+
+
+def rank_table(store, job_id):
+    """[[rank, local_rank, host, gpu], ...] as the job round's coordinator last published it."""
+    text = peek(store, _key(job_id, "ranks"))
+    return [list(r) for r in json.loads(text)] if text else []
+
+
 class NodeServices:
     def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
                  takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, collective_budgets="",
@@ -116,9 +139,7 @@ class NodeServices:
         known = []
         if takeover and self.store is not None:
             try:
-                text = peek(self.store, _key(self.job_id, "ranks"))
-                if text:
-                    known = [tuple(r) for r in json.loads(text)]
+                known = [tuple(r) for r in rank_table(self.store, self.job_id)]
             except Exception:
                 known = []
         c = _trainsup.Coordinator(self.world_size, self.token, bind=self.bind, port=0,
@@ -164,7 +185,7 @@ class NodeServices:
                 self.verdicts.extend(verdicts)
             fatal = [v for v in verdicts if v["kind"] != "straggler"]
             if fatal and self.store is not None:
-                compare_set(self.store, _key(self.job_id, "verdict"), "", json.dumps(fatal[0]))
+                publish_verdict(self.store, self.job_id, fatal[0])
             if self.on_verdict:
                 for v in verdicts:
                     self.on_verdict(v)
