@@ -39,6 +39,34 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start_etcd(workdir, port):
+    """A one-member etcd with the v2 API (what torch's etcd-v2 backend speaks) serving clients on
+    127.0.0.1:port, its data and log in workdir. Returns the process once it answers."""
+    workdir = pathlib.Path(workdir)
+    peer = free_port()
+    log = open(workdir / "etcd.log", "w")
+    proc = subprocess.Popen(["etcd", "--name", "scenario", "--data-dir", str(workdir / "etcd"), "--enable-v2=true",
+                             "--listen-client-urls", f"http://127.0.0.1:{port}",
+                             "--advertise-client-urls", f"http://127.0.0.1:{port}",
+                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-cluster", f"scenario=http://127.0.0.1:{peer}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+                conn.sendall(b"GET /v2/keys/ HTTP/1.0\r\n\r\n")
+                if b"200 OK" in conn.recv(200):
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"etcd did not start (see {workdir / 'etcd.log'})")
+        time.sleep(0.1)  # polls the server's port; bounded by the deadline
+
+
 def read_events(path):
     try:
         with open(path) as f:
@@ -53,7 +81,7 @@ class Cluster:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.backend = backend
-        self.etcd = self.start_etcd() if backend == "etcd-v2" else None
+        self.etcd = start_etcd(self.dir, self.port) if backend == "etcd-v2" else None
         self.nnodes = nnodes
         self.steps = steps
         self.extra_train = list(extra_train)
@@ -70,30 +98,6 @@ class Cluster:
                "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
         self.agents[host] = subprocess.Popen(cmd, env=dict(self.env, TRAINSUP_NODE_NAME=host), stdout=out,
                                              stderr=subprocess.STDOUT)
-
-    def start_etcd(self):
-        """A one-member etcd with the v2 API (what torch's etcd-v2 backend speaks) on self.port."""
-        peer = free_port()
-        log = open(self.dir / "etcd.log", "w")
-        proc = subprocess.Popen(["etcd", "--name", "scenario", "--data-dir", str(self.dir / "etcd"), "--enable-v2=true",
-                                 "--listen-client-urls", f"http://127.0.0.1:{self.port}",
-                                 "--advertise-client-urls", f"http://127.0.0.1:{self.port}",
-                                 "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                                 "--initial-cluster", f"scenario=http://127.0.0.1:{peer}"],
-                                stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
-                    conn.sendall(b"GET /v2/keys/ HTTP/1.0\r\n\r\n")
-                    if b"200 OK" in conn.recv(200):
-                        return proc
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"etcd did not start (see {self.dir / 'etcd.log'})")
-            time.sleep(0.1)  # polls the server's port; bounded by the deadline
 
     def rank_events(self, host):
         return [e for p in sorted((self.dir / "logs").glob(f"*-{host}-r*.events.jsonl")) for e in read_events(p)]

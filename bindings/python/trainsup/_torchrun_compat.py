@@ -1,6 +1,8 @@
 """Everything the launcher needs from torchrun's internals, in one place, because it differs
-between torch versions (written against torch 1.13's torch.distributed.elastic; each helper
-checks what it touches and fails with a clear message when a version moved it)."""
+between torch versions. Tested against torch 1.13; the torch 2.x differences known from its
+source are handled here too (next_rendezvous returns a RendezvousInfo, use_agent_store, the
+spares' redundancy_list, _NodeDesc.addr for .fqdn) but have not been run yet."""
+import dataclasses
 import re
 
 
@@ -113,6 +115,20 @@ def trainsup_store(handler):
     return store
 
 
+def unpack_rendezvous(result):
+    """(store, group_rank, group_world) from what next_rendezvous returned: a tuple in torch
+    1.x, a RendezvousInfo in torch 2.x (the agent reads its fields, so the hook returns the
+    object it got)."""
+    if isinstance(result, tuple):
+        return result
+    return result.store, result.rank, result.world_size
+
+
+def use_agent_store(handler):
+    """torch 2.x: whether workers share the agent's store (a property of the handler)."""
+    return bool(getattr(handler, "use_agent_store", False))
+
+
 def state(handler):
     """The handler's view of the shared rendezvous state (synced by num_nodes_waiting)."""
     return handler._state_holder.state
@@ -139,6 +155,8 @@ class _LeaveOp:
             return dr._Action.REMOVE_FROM_PARTICIPANTS
         if ctx.node in ctx.state.wait_list:
             return dr._Action.REMOVE_FROM_WAIT_LIST
+        if ctx.node in getattr(ctx.state, "redundancy_list", ()):  # torch 2.x: a spare
+            return dr._Action.REMOVE_FROM_REDUNDANCY_LIST
         return dr._Action.FINISH
 
 
@@ -152,8 +170,21 @@ def leave(handler, timeout_s=10.0):
 
 def node_desc(handler):
     """This agent's identity in the rendezvous, as JSON-able [fqdn, pid, local_id]."""
-    n = handler._this_node
-    return [n.fqdn, n.pid, n.local_id]
+    # Positional: the first field is `fqdn` in torch 1.x and `addr` in 2.x.
+    return list(dataclasses.astuple(handler._this_node))
+
+
+def _fresh_holder(handler):
+    """A state holder of our own, synced now (the handler's caches its state for a second)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    holder = dr._BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings)
+    holder.sync()
+    return holder
+
+
+def current_state(handler):
+    """The shared rendezvous state as the backend holds it right now."""
+    return _fresh_holder(handler).state
 
 
 def evict(handler, desc, timeout_s=10.0):
@@ -165,10 +196,9 @@ def evict(handler, desc, timeout_s=10.0):
     import time
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
     node = dr._NodeDesc(str(desc[0]), int(desc[1]), int(desc[2]))
-    holder = dr._BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings)
-    holder.sync()
+    holder = _fresh_holder(handler)
     st = holder.state
-    present = node in st.participants or node in st.wait_list
+    present = node in st.participants or node in st.wait_list or node in getattr(st, "redundancy_list", ())
     if present:
         dr._DistributedRendezvousOpExecutor(node, holder, handler._settings).run(_LeaveOp(),
                                                                                time.monotonic() + timeout_s)
@@ -213,7 +243,7 @@ def rendezvous_over(handler):
     """True once the rendezvous is closed (the job ended) or has nobody left in it."""
     handler._state_holder.sync()
     st = state(handler)
-    return st.closed or (not st.participants and not st.wait_list)
+    return st.closed or (not st.participants and not st.wait_list and not getattr(st, "redundancy_list", None))
 
 
 def others_alive(handler):

@@ -126,6 +126,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
     def get_run_id(self):
         return self.inner.get_run_id()
 
+    @property
+    def use_agent_store(self):
+        return compat.use_agent_store(self.inner)
+
     def is_closed(self):
         return self.inner.is_closed()
 
@@ -161,7 +165,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.services = None
         t0 = time.monotonic()
         self.events.write("rendezvous_join", previous_round=self.round)
-        store, group_rank, group_world = self.inner.next_rendezvous()
+        result = self.inner.next_rendezvous()
+        store, group_rank, group_world = compat.unpack_rendezvous(result)
         self.round = compat.round_of(self.inner)
         nproc = self.settings["nproc_per_node"]
         self.services = NodeServices(self.store, f"{self.get_run_id()}.{self.round}", self.node, group_world * nproc,
@@ -175,7 +180,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.liveness.joined_round(self.round, group_rank, group_world)
         self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
-        return store, group_rank, group_world
+        return result
 
     # --- policies ---
     def _leave_if_quarantined(self):

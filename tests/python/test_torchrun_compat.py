@@ -1,0 +1,122 @@
+"""The launcher's adapters to torchrun's internals (trainsup/_torchrun_compat.py), on real
+rendezvous handlers (two nodes of one c10d rendezvous in this process) and a real etcd."""
+import dataclasses
+import os
+import socket
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from trainsup import _torchrun_compat as compat
+from trainsup.telemetry import compare_set, peek
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "examples", "launch"))
+from recovery_scenario import start_etcd  # noqa: E402
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def two_nodes():
+    """Two handlers of one c10d rendezvous (min = max = 2), after their first round."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    endpoint = f"127.0.0.1:{_free_port()}"
+    make = compat.inner_handler_factory("c10d")
+    handlers = [make(RendezvousParameters(backend="c10d", endpoint=endpoint, run_id="compat", min_nodes=2,
+                                          max_nodes=2, join_timeout="30")) for _ in range(2)]
+    results = [None, None]
+
+    def join(i):
+        results[i] = compat.unpack_rendezvous(handlers[i].next_rendezvous())
+
+    threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(results), "the two nodes did not form a round"
+    yield handlers, results
+    for h in handlers:
+        h._stop_heartbeats()
+
+
+def test_the_round_is_unpacked_the_same_from_a_tuple_or_a_rendezvous_info(two_nodes):
+    handlers, results = two_nodes
+    assert sorted(r[1] for r in results) == [0, 1] and {r[2] for r in results} == {2}
+    info = SimpleNamespace(store="s", rank=3, world_size=4, bootstrap_store_info=None)  # torch 2.x's shape
+    assert compat.unpack_rendezvous(info) == ("s", 3, 4)
+    assert compat.round_of(handlers[0]) == 0 and compat.max_nodes(handlers[0]) == 2
+
+
+def test_a_dead_node_is_evicted_by_another_and_the_round_ends_for_the_survivor(two_nodes):
+    handlers, _ = two_nodes
+    alive, dead = handlers
+    dead._stop_heartbeats()  # it "dies": no more keep-alives, nothing else
+    desc = compat.node_desc(dead)
+    assert len(desc) == 3 and desc[1] > 0
+    st = compat.state(alive)
+    assert len(st.participants) == 2
+    assert compat.evict(alive, desc) is True
+    st = compat.current_state(alive)
+    assert [list(dataclasses.astuple(n)) for n in st.participants] == [compat.node_desc(alive)]
+    assert compat.evict(alive, desc) is False  # gone already: nothing to do
+    # The survivor leaves too: nobody is left, as _exit() expects before it stops serving.
+    compat.leave(alive)
+    st = compat.current_state(alive)
+    assert not st.participants and not st.wait_list
+
+
+def test_the_old_etcd_backend_is_refused_with_the_ones_that_work():
+    with pytest.raises(ValueError, match=r"'etcd'.*c10d.*etcd-v2"):
+        compat.inner_handler_factory("etcd")
+
+
+def test_the_etcd_store_does_what_the_election_and_the_quarantine_need(tmp_path):
+    import etcd
+    from torch.distributed import PrefixStore
+
+    port = _free_port()
+    server = start_etcd(tmp_path, port)
+    try:
+        client = etcd.Client(host="127.0.0.1", port=port)
+        base = compat._etcd_store_class()(client, "/trainsup/test/store")
+        store = PrefixStore("trainsup/", base)  # as the launcher wraps it
+        # compare_set with TCPStore's semantics: an absent key counts as "".
+        assert peek(store, "office") is None
+        assert compare_set(store, "office", "", "a") == b"a"
+        assert compare_set(store, "office", "", "b") == b"a"        # taken: the holder is returned
+        assert compare_set(store, "office", "a", "c") == b"c"       # taken over from the holder
+        assert compare_set(store, "missing", "x", "y") == b"x"      # absent and something expected
+        assert peek(store, "missing") is None
+        # Counters and plain values share the encoding.
+        assert store.add("restarts", 2) == 2 and store.add("restarts", 1) == 3
+        store.set("stuck", "0")
+        assert store.add("stuck", 1) == 1
+        assert store.delete_key("office") is True and peek(store, "office") is None
+        assert store.delete_key("office") is False
+        # Racing writers: exactly one wins the empty office.
+        winners = []
+        lock = threading.Lock()
+
+        def elect(name):
+            got = compare_set(store, "race", "", name)
+            with lock:
+                winners.append(got)
+
+        threads = [threading.Thread(target=elect, args=(f"n{i}",)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(winners) == 8 and len(set(winners)) == 1, winners
+    finally:
+        server.terminate()
+        server.wait()
