@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Recovery figures from the demo scenario (examples/launch/recovery_scenario.py spare): three
 simulated hosts, host-b's worker stopped with SIGSTOP at a random point between checkpoints
-(every 50 steps of ~20 ms), the job resumes on host-a and the spare host-c.
+(every 50 steps of ~20 ms), the job resumes on host-a and the spare host-c. With the scenario
+argument host_death: the etcd-v2 rendezvous, and the host running the coordinator is killed
+outright (agent and worker), the job resumes on the other host and the spare.
 
   detect_s     fault -> the first fatal verdict (agent event "verdict")
   recovery_s   fault -> the first step of the resumed attempt (rank event "first_step")
   lost_work_s  replayed work: fault time minus the commit time of the checkpoint restored
   restart_s    recovery_s - detect_s (abort, quarantine, rendezvous, worker start, restore)
 
-Final line: {"bench": "recovery", "recovery_s": ..., "lost_work_s": ..., ...}
+Final line: {"bench": "recovery", "scenario": ..., "recovery_s": ..., "lost_work_s": ..., ...}
 
-  PYTHONPATH=build/bindings/python /usr/bin/python3 bench/recovery_bench.py [rounds=2]
+  PYTHONPATH=build/bindings/python /usr/bin/python3 bench/recovery_bench.py [rounds=2] [spare|host_death]
 """
 import json
 import pathlib
@@ -28,8 +30,8 @@ def events(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def one(workdir):
-    out = subprocess.run([sys.executable, str(SCENARIO), "spare", str(workdir), "--steps", "500"],
+def one(workdir, scenario):
+    out = subprocess.run([sys.executable, str(SCENARIO), scenario, str(workdir), "--steps", "500"],
                          capture_output=True, text=True, timeout=900)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     fault = summary["fault_time"]
@@ -51,13 +53,18 @@ def one(workdir):
 
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    print("recovery benchmark: hosts a, b active, c spare; host-b's worker stopped between checkpoints")
+    scenario = sys.argv[2] if len(sys.argv) > 2 else "spare"
+    if scenario not in ("spare", "host_death"):
+        sys.exit(f"recovery_bench.py: unknown scenario {scenario!r} (spare or host_death)")
+    print("recovery benchmark: hosts a, b active, c spare; " +
+          ("host-b's worker stopped between checkpoints" if scenario == "spare"
+           else "the coordinator's host killed outright between checkpoints (etcd-v2)"))
     got = []
     for r in range(rounds):
         with tempfile.TemporaryDirectory() as d:
-            got.append(one(pathlib.Path(d)))
+            got.append(one(pathlib.Path(d), scenario))
     med = {k: round(statistics.median(g[k] for g in got), 3) for k in ("detect_s", "recovery_s", "lost_work_s", "restart_s")}
-    print(json.dumps({"bench": "recovery", **med, "rounds": rounds, "checkpoint_every_steps": 50,
+    print(json.dumps({"bench": "recovery", "scenario": scenario, **med, "rounds": rounds, "checkpoint_every_steps": 50,
                       "step_s": 0.02}))
 
 
