@@ -106,10 +106,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._preflight()
 
     def _preflight(self):
-        healthy, details = preflight.run(self.settings.get("preflight_command"))
-        self.events.write("preflight", healthy=healthy, details=details)
+        healthy, details, bad_gpus = preflight.run(self.settings.get("preflight_command"))
+        self.events.write("preflight", healthy=healthy, details=details, bad_gpus=bad_gpus)
         if not healthy and self.quarantine.get(self.node) is None:
-            self._quarantine(self.node, "preflight: " + "; ".join(details[1:]), "preflight")
+            self._quarantine(self.node, "preflight: " + "; ".join(details[1:]), "preflight", gpu=",".join(bad_gpus))
 
     def _quarantine(self, host, reason, verdict, gpu=""):
         """Writes the record, says so in the event log and runs the configured commands."""
