@@ -7,7 +7,8 @@ outright (agent and worker), the job resumes on the other host and the spare.
 
   detect_s     fault -> the first fatal verdict (agent event "verdict")
   recovery_s   fault -> the first step of the resumed attempt (rank event "first_step")
-  lost_work_s  replayed work: fault time minus the commit time of the checkpoint restored
+  lost_work_s  replayed work: fault time minus the time the restored checkpoint's step was
+               snapshotted
   restart_s    recovery_s - detect_s (abort, quarantine, rendezvous, worker start, restore)
 
 Final line: {"bench": "recovery", "scenario": ..., "recovery_s": ..., "lost_work_s": ..., ...}
@@ -42,7 +43,8 @@ def one(workdir, scenario):
     resumed = [e for e in ranks if e["event"] == "first_step" and e["wall_s"] > fault]
     first_step = min(e["wall_s"] for e in resumed)
     restored_step = min(e["step"] for e in ranks if e["event"] == "checkpoint_restored" and e["wall_s"] > fault)
-    committed = max(e["wall_s"] for e in ranks if e["event"] == "checkpoint_committed" and e["step"] == restored_step
+    # Replayed work starts at the restored step's snapshot (its commit may land after the fault).
+    committed = min(e["wall_s"] for e in ranks if e["event"] == "checkpoint_snapshot" and e["step"] == restored_step
                     and e["wall_s"] < fault)
     figures = {"detect_s": verdict - fault, "recovery_s": first_step - fault, "lost_work_s": fault - committed,
                "restart_s": first_step - verdict, "exit_codes": summary["agent_exit_codes"]}

@@ -53,7 +53,8 @@ for t, host, who, e in sorted(rows, key=lambda r: r[0]):
 verdict = min((e for e in agent if e["event"] == "verdict"), key=lambda e: e["time"])
 restored = min((e for e in ranks if e["event"] == "checkpoint_restored" and e["wall_s"] > fault), key=lambda e: e["wall_s"])
 first = min(e["wall_s"] for e in ranks if e["event"] == "first_step" and e["wall_s"] > fault)
-committed = max(e["wall_s"] for e in ranks if e["event"] == "checkpoint_committed" and e["step"] == restored["step"] and e["wall_s"] < fault)
+# Replayed work starts at the restored step's snapshot (its commit may land after the fault).
+committed = min(e["wall_s"] for e in ranks if e["event"] == "checkpoint_snapshot" and e["step"] == restored["step"] and e["wall_s"] < fault)
 print(f"\n   detection {verdict['time'] - fault:.2f} s ({verdict['kind']} naming {verdict['hosts'][0]}), "
       f"recovery (fault to first step after resume) {first - fault:.2f} s, replayed work {fault - committed:.2f} s "
       f"(resumed from step {restored['step']})")

@@ -5,7 +5,7 @@ Reads the launcher's agent event logs (RUN_DIR/agent-*.events.jsonl), the ranks'
 (RUN_DIR/faults.jsonl: {"event": "fault_injected", "time", "host", "kind"}). Prints a timeline
 (fault, verdict, quarantine, abort, rendezvous, restore, first step after resume) and, per
 incident, the time lost split into detection (fault -> verdict), replay (work since the restored
-checkpoint was committed, done again) and restart (verdict -> first step after resume), then the
+checkpoint's step was snapshotted, done again) and restart (verdict -> first step after resume), then the
 run's ETTR: productive time over wall time. Writes an HTML page with an SVG timeline (one lane
 per host) that a person would rather look at than read.
 """
@@ -46,7 +46,7 @@ def load(run_dir, logs_dir=None):
 
 
 def analyse(agents, ranks, faults):
-    """Incidents (one per round that ended in a verdict or a restart) and totals."""
+    """Incidents (one per round with a verdict: the first one in it) and totals."""
     everything = agents + ranks + faults
     if not everything:
         raise ValueError("no events found")
@@ -55,7 +55,9 @@ def analyse(agents, ranks, faults):
     verdicts = sorted((e for e in agents if e["event"] == "verdict"), key=lambda e: e["time"])
     firsts = sorted((e for e in ranks if e["event"] == "first_step"), key=lambda e: e["time"])
     restores = sorted((e for e in ranks if e["event"] == "checkpoint_restored"), key=lambda e: e["time"])
-    commits = [e for e in ranks if e["event"] == "checkpoint_committed"]
+    # The work a restore throws away starts at the step the checkpoint holds: its snapshot (the
+    # commit may even come after the fault, when the persist finishes); older logs: its commit.
+    snapshots = [e for e in ranks if e["event"] in ("checkpoint_snapshot", "checkpoint_committed")]
     incidents = []
     seen_rounds = set()
     for v in verdicts:
@@ -65,9 +67,9 @@ def analyse(agents, ranks, faults):
         fault = max((f["time"] for f in faults if f["time"] <= v["time"]), default=None)
         resumed = next((f["time"] for f in firsts if f["time"] > v["time"]), None)
         restored = next((r for r in restores if r["time"] > v["time"]), None)
-        committed = None
+        saved = None
         if restored is not None:
-            committed = max((c["time"] for c in commits if c.get("step") == restored["step"] and c["time"] <= v["time"]),
+            saved = min((c["time"] for c in snapshots if c.get("step") == restored["step"] and c["time"] <= v["time"]),
                             default=None)
         t_fault = fault if fault is not None else v["time"]
         inc = {
@@ -75,7 +77,7 @@ def analyse(agents, ranks, faults):
             "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed,
             "restored_step": restored["step"] if restored else None,
             "detection_s": (v["time"] - fault) if fault is not None else None,
-            "replay_s": (t_fault - committed) if committed is not None else None,
+            "replay_s": (t_fault - saved) if saved is not None else None,
             "restart_s": (resumed - v["time"]) if resumed is not None else None,
         }
         inc["lost_s"] = sum(x for x in (inc["detection_s"], inc["replay_s"], inc["restart_s"]) if x is not None)
