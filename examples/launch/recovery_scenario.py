@@ -13,6 +13,9 @@ training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
               node); hosts a, b active and c spare; the host whose agent holds the coordinator
               dies outright (its agent and worker are SIGKILLed at once): the job must go on with
               the other host and the spare, from the newest valid checkpoint.
+  preempt     hosts a, b (--nnodes=1:2); host-b's agent gets SIGTERM from outside (a scheduler
+              taking the node back): it is not a fault, so no host is named or quarantined, and
+              the job finishes on host-a.
 
 Prints a JSON summary line last. Used by tests/python/test_launcher.py, scripts/demo.sh and
 bench/recovery_bench.py.
@@ -210,6 +213,24 @@ def host_death_scenario(workdir, steps):
         c.kill_all()
 
 
+def preempt_scenario(workdir, steps):
+    c = Cluster(workdir, "1:2", steps, extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
+    try:
+        # host-a first, so that it serves the c10d store (with c10d, the store's host must not go).
+        c.start("host-a")
+        c.wait_until(lambda: any(e["event"] == "agent_start" for e in c.agent_events("host-a")), 60,
+                     "host-a's agent to start")
+        c.start("host-b")
+        c.wait_until(lambda: c.training_at("host-a", 150) and c.training_at("host-b", 150), 180,
+                     "training on host-a and host-b")
+        signal_wall = time.time()
+        c.agents["host-b"].send_signal(signal.SIGTERM)
+        codes = c.wait_agents(600)
+        return c, signal_wall, codes
+    finally:
+        c.kill_all()
+
+
 def user_error_scenario(workdir, steps):
     c = Cluster(workdir, "2:2", steps, extra_train=["--raise-at-step", "120"],
                 env={"TRAINSUP_MAX_RESTARTS": "2"})
@@ -224,7 +245,7 @@ def user_error_scenario(workdir, steps):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death"])
+    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death", "preempt"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
     a = p.parse_args()
@@ -235,6 +256,9 @@ def main():
     elif a.scenario == "host_death":
         c, fault_wall, codes, victim = host_death_scenario(a.workdir, a.steps)
         summary.update(agent_exit_codes=codes, fault_time=fault_wall, victim=victim)
+    elif a.scenario == "preempt":
+        c, signal_wall, codes = preempt_scenario(a.workdir, a.steps)
+        summary.update(agent_exit_codes=codes, signal_time=signal_wall)
     elif a.scenario == "clean":
         c, codes = clean_scenario(a.workdir, a.steps)
         summary["agent_exit_codes"] = codes

@@ -145,6 +145,49 @@ TEST(DetectorTest, SilentAndDeadRanks) {
   EXPECT_EQ(v[0].ranks, std::vector<int>{1});
 }
 
+TEST(DetectorTest, RanksAskedToStopAreLeavingNotBroken) {
+  // Rank 2 got SIGTERM (its node is being taken back): it saves and leaves while the others
+  // wait for it in the next all-reduce. That is stopped_rank, not a hung rank on host-c.
+  Job job;
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(job.step(even(100 * kMs)).empty());
+  const int64_t t0 = job.now;
+  job.det.onStopping(2, t0);
+  for (int r : {0, 1, 3}) job.det.onEnter(r, 41, CollectiveOp::kAllreduce, 4096, t0 + 100 * kMs);
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t0 + 5200 * kMs);
+  auto v = job.det.evaluate(t0 + 5200 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kStoppedRank);
+  EXPECT_EQ(verdictKindName(v[0].kind), std::string("stopped_rank"));
+  EXPECT_EQ(v[0].ranks, std::vector<int>{2});
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-c"});
+  EXPECT_NE(v[0].evidence.find("asked to stop (SIGTERM/SIGINT) 5.2"), std::string::npos) << v[0].evidence;
+  EXPECT_NE(v[0].evidence.find("hung_rank: "), std::string::npos) << v[0].evidence;
+  // Its exit afterwards (the process is gone, no goodbye: killed after the grace) is the same.
+  job.det.onDisconnect(2, t0 + 6 * kS);
+  v = job.det.evaluate(t0 + 6 * kS);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kStoppedRank);
+  // A rank that was not asked to stop is still a fault when it goes silent.
+  for (int r : {0, 1}) job.det.onHeartbeat(r, t0 + 11 * kS);
+  v = job.det.evaluate(t0 + 11 * kS);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
+  EXPECT_EQ(v[0].ranks, std::vector<int>{3});
+}
+
+TEST(DetectorTest, AVerdictNamingStoppingAndOtherRanksStaysAFault) {
+  Job job;
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(job.step(even(100 * kMs)).empty());
+  const int64_t t0 = job.now;
+  job.det.onStopping(2, t0);
+  for (int r : {0, 1}) job.det.onEnter(r, 41, CollectiveOp::kAllreduce, 4096, t0 + 100 * kMs);
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t0 + 5200 * kMs);
+  auto v = job.det.evaluate(t0 + 5200 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kHungRank);  // rank 3 never entered and was not asked to stop
+  EXPECT_EQ(v[0].ranks, (std::vector<int>{2, 3}));
+}
+
 TEST(DetectorTest, OwnWatchdogReportNamesTheSection) {
   Job job;
   job.det.onRankStalled(2, "data", 17, 0);

@@ -96,6 +96,37 @@ TEST(TelemetryClientTest, AClientThatGoesAwayIsADeadRank) {
   coord->stop();
 }
 
+TEST(TelemetryClientTest, ARankAskedToStopThatGoesAwayIsAStoppedRankNotADeadOne) {
+  Sink sink;
+  auto coord = coordinator(sink, 2);
+  CollectiveTracker a, b;
+  auto ca = client(coord->port(), 0, a);
+  auto cb = client(coord->port(), 1, b);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((ca->counters().frames_sent == 0 || cb->counters().frames_sent == 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  // SIGTERM on rank 1's node: its supervisor says so. The notice goes out in the client's next
+  // round (notice + heartbeat) at the latest; the round under way sends one heartbeat: three
+  // more frames mean the notice is out.
+  const uint64_t before = cb->counters().frames_sent;
+  cb->reportStopping();
+  cb->reportStopping();  // idempotent
+  while (cb->counters().frames_sent < before + 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_GE(cb->counters().frames_sent, before + 3);
+  cb->dropConnection();  // then killed after its grace: no goodbye
+  auto fut = sink.first.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Verdict v = fut.get();
+  EXPECT_EQ(v.kind, VerdictKind::kStoppedRank) << v.evidence;
+  EXPECT_EQ(v.ranks, std::vector<int>{1});
+  EXPECT_NE(v.evidence.find("dead_rank"), std::string::npos) << v.evidence;
+  ca->stop();
+  coord->stop();
+}
+
 TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
   Sink sink;
   auto coord = coordinator(sink, 3);

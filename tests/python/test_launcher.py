@@ -142,6 +142,20 @@ def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(
     assert give_up and all(e["code"] == 96 for e in give_up)
 
 
+def test_an_agent_stopped_by_the_scheduler_is_not_taken_for_a_dead_host(tmp_path):
+    s = _run("preempt", tmp_path / "preempt")
+    assert s["agent_exit_codes"]["host-a"] == 0 and s["agent_exit_codes"]["host-b"] != 0, s
+    assert s["quarantine"] == []
+    run = tmp_path / "preempt" / "run"
+    a = _events(run / "agent-host-a.events.jsonl")
+    b = _events(run / "agent-host-b.events.jsonl")
+    assert any(e["event"] == "agent_signalled" and e["signal"] == 15 for e in b), b[-3:]
+    assert not any(e["event"] in ("agent_lost", "quarantine") for e in a + b)
+    assert not any(e["event"] == "verdict" and e["kind"] == "dead_host" for e in a + b)
+    last = [e for e in a if e["event"] == "rendezvous"][-1]
+    assert last["group_world"] == 1 and (tmp_path / "preempt" / "final.pt").exists()
+
+
 def test_without_a_spare_the_job_shrinks_to_one_host_and_finishes(tmp_path):
     s = _run("shrink", tmp_path / "shrink")
     assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95}, s

@@ -145,6 +145,19 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.events.write("agent_stop")
         return self.inner.shutdown()
 
+    def stopped_by_signal(self, sig):
+        """The agent is ending on a signal from outside (torchrun does not call shutdown() then,
+        so that the rendezvous stays open): it leaves on purpose, so that no other agent takes
+        this host for dead, and leaves the rendezvous, so that the others form the next round
+        now instead of after torch's keep-alive expiry."""
+        self._stop.set()
+        self.liveness.left()
+        self.events.write("agent_signalled", signal=int(sig))
+        try:
+            compat.leave(self.inner)
+        except Exception as e:  # the keep-alive expires anyway
+            self.events.write("rendezvous_leave_failed", error=str(e))
+
     def num_nodes_waiting(self):
         n = self.inner.num_nodes_waiting()
         st = compat.state(self.inner)

@@ -109,15 +109,26 @@ def main(argv=None):
 
     from .launcher import TrainsupRendezvousHandler
 
+    handlers = []
+
     def create(params):
-        return TrainsupRendezvousHandler(inner_factory(params), settings)
+        handlers.append(TrainsupRendezvousHandler(inner_factory(params), settings))
+        return handlers[-1]
 
     try:
         rendezvous_handler_registry.register("trainsup", create)
     except ValueError:
         pass  # registered by an earlier main() in this process
     args.rdzv_backend = "trainsup"
-    torchrun.run(args)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    try:
+        torchrun.run(args)
+    except SignalException as e:
+        # Stopped from outside (the scheduler's SIGTERM, a Ctrl-C): torchrun skips shutdown() so
+        # that the rendezvous stays open, and this host did not die: the others must not name it.
+        for h in handlers:
+            h.stopped_by_signal(e.sigval)
+        raise
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@
 // - silent rank: no telemetry for heartbeat_timeout_s (SIGSTOP, a frozen host), or its
 //   connection closed (SIGKILL, a crash).
 // - stalled rank: the rank's own watchdog reported a section over its budget.
+// - stopped rank: any of the above about ranks that all said they were asked to stop (SIGTERM,
+//   SIGINT) is reported as stopped_rank instead: their peers wait on them, they go silent or
+//   exit because they are leaving on purpose, not because their host is broken.
 // - straggler: no clock sync needed. In a synchronous collective the last rank to arrive waits
 //   least, so per collective lateness(r) = max wait - wait(r), waits measured on each rank's
 //   own clock. A rank that is the latest in most collectives of `straggler_windows` consecutive
@@ -59,7 +62,9 @@ TRAINSUP_EXPORT void mergeRankInfo(RankInfo& known, const RankInfo& hello);
 
 enum class VerdictKind {
   kHungRank, kCommunicationFault, kSilentRank, kDeadRank, kStalledRank, kStraggler,
-  kFailedRank,  // the rank ended with an error it reported itself (the program's, not the host's)
+  kFailedRank,   // the rank ended with an error it reported itself (the program's, not the host's)
+  kStoppedRank,  // a hang, silence, death or stall of ranks that were all asked to stop (SIGTERM:
+                 // a scheduler taking the node back): they are leaving on purpose, no host fault
 };
 TRAINSUP_EXPORT const char* verdictKindName(VerdictKind kind);
 
@@ -97,6 +102,9 @@ class TRAINSUP_EXPORT Detector {
   // The rank is ending with an error of its own (an exception in the training code): a
   // failed_rank verdict, not a dead one, and nothing about its departure afterwards.
   void onFailed(int rank);
+  // The rank was asked to stop (SIGTERM/SIGINT) and will leave: later verdicts naming only
+  // stopping ranks become stopped_rank.
+  void onStopping(int rank, int64_t now_ns);
   void onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns);
   // A rank's hello: its host, local rank and GPU, for the verdicts (out-of-range ranks ignored;
   // an empty host or GPU keeps what was known).
@@ -136,6 +144,7 @@ class TRAINSUP_EXPORT Detector {
   std::string whereIs(int rank) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
   std::vector<bool> expected_only_;  // last_seen_ns_ is an expectation, not a sighting
+  std::vector<int64_t> stopping_since_ns_;  // -1: not asked to stop
   bool any_dead_reported_ = false;
   std::vector<Verdict> queued_;  // found between evaluate() calls, reported by the next one
   // Learned budgets: recent max-over-ranks waits per op kind.

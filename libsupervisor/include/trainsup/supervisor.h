@@ -25,7 +25,9 @@
 //   past it, the process ends with kExitStall anyway (also if close() runs meanwhile).
 //   With StallAction::kWarn it only logs and dumps, once per stalled section.
 // - stopRequested() turns true after SIGTERM or SIGINT; a second signal of the same kind
-//   kills the process the default way. SIGUSR1/SIGUSR2 are never touched.
+//   kills the process the default way. SIGUSR1/SIGUSR2 are never touched. With telemetry, the
+//   watchdog's next tick also tells the coordinator that this rank is leaving on purpose, so
+//   that its peers' wait on it is a stopped_rank verdict, not a fault of its host.
 // - Any thread may call stopRequested(), log(), event(), addAbortCallback(), budgetFor().
 // - close() (also run by the destructor) stops the watchdog, writes "supervisor_stop", restores
 //   the signal handlers and flushes the logs. Idempotent.

@@ -53,6 +53,11 @@ class TRAINSUP_EXPORT TelemetryClient {
   // Queues a stall report (this rank's watchdog found a section over its budget).
   void reportStall(const std::string& section, int64_t step);
   void stop();
+  // Tells the coordinator that this rank was asked to stop (SIGTERM/SIGINT: a scheduler taking
+  // the node back) and is leaving on purpose, so that its peers waiting on it in a collective,
+  // its silence or its exit are reported as stopped_rank, not as a fault of its host. Sent at
+  // once and again on every reconnection. Idempotent; any thread.
+  void reportStopping();
   // Stops like stop(), saying that this rank is ending with an error of its own (an exception
   // in the training code), so the coordinator reports failed_rank, not a dead rank.
   void stopFailed();

@@ -67,11 +67,13 @@ struct WireHello {
   char gpu[64] = {};    // "index:uuid", NUL-padded; empty when unknown
 };
 
-// Rank -> coordinator on a normal end (kGoneFinished); node monitor -> coordinator when a local
-// rank's connection closed without one (kGoneClosed: the process died).
+// Rank -> coordinator on a normal end (kGoneFinished) or an error of its own (kGoneFailed), and
+// when it was asked to stop (kGoneStopping: still there, leaving on purpose); node monitor ->
+// coordinator when a local rank's connection closed without a goodbye (kGoneClosed: it died).
 inline constexpr int32_t kGoneClosed = 0;    // the rank's connection closed without a goodbye
 inline constexpr int32_t kGoneFinished = 1;  // the rank said goodbye: a normal end
 inline constexpr int32_t kGoneFailed = 2;    // the rank is ending with an error of its own
+inline constexpr int32_t kGoneStopping = 3;  // the rank was asked to stop (SIGTERM/SIGINT) and will leave
 struct WireGone {
   int32_t rank = 0;
   int32_t reason = kGoneClosed;

@@ -119,6 +119,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
           o.detector->onFinished(g.rank);
         } else if (g.reason == kGoneFailed) {
           o.detector->onFailed(g.rank);
+        } else if (g.reason == kGoneStopping) {
+          o.detector->onStopping(g.rank, now);
         } else {
           o.detector->onDisconnect(g.rank, now);
         }

@@ -33,6 +33,7 @@ const char* verdictKindName(VerdictKind kind) {
     case VerdictKind::kStalledRank: return "stalled_rank";
     case VerdictKind::kStraggler: return "straggler";
     case VerdictKind::kFailedRank: return "failed_rank";
+    case VerdictKind::kStoppedRank: return "stopped_rank";
   }
   return "?";
 }
@@ -48,6 +49,7 @@ Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
       dead_reported_(world_, false),
       finished_(world_, false),
       expected_only_(world_, false),
+      stopping_since_ns_(world_, -1),
       recent_waits_(kCollectiveOpCount),
       completed_by_op_(kCollectiveOpCount, 0),
       latest_count_(world_, 0),
@@ -118,6 +120,11 @@ void Detector::onFailed(int rank) {
   queued_.push_back(make(VerdictKind::kFailedRank, {rank},
                          "rank " + std::to_string(rank) + " reported that it is ending with an error of its own" +
                              whereIs(rank)));
+}
+
+void Detector::onStopping(int rank, int64_t now_ns) {
+  if (rank < 0 || rank >= world_ || stopping_since_ns_[rank] >= 0) return;
+  stopping_since_ns_[rank] = now_ns;
 }
 
 void Detector::onFinished(int rank) {
@@ -343,6 +350,24 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                          seq, collectiveOpName(p.op)));
     }
     break;  // later collectives are stuck behind this one
+  }
+  // Ranks that were asked to stop are leaving on purpose: what their departure causes is not a
+  // fault of their hosts.
+  for (Verdict& v : out) {
+    if (v.kind == VerdictKind::kStraggler || v.kind == VerdictKind::kFailedRank || v.ranks.empty()) continue;
+    bool all_stopping = true;
+    int64_t since = now_ns;
+    for (int r : v.ranks) {
+      if (r < 0 || r >= world_ || stopping_since_ns_[r] < 0) {
+        all_stopping = false;
+        break;
+      }
+      since = std::min(since, stopping_since_ns_[r]);
+    }
+    if (!all_stopping) continue;
+    v.evidence = "rank(s) " + listRanks(v.ranks) + " were asked to stop (SIGTERM/SIGINT) " + fmtS(now_ns - since) +
+                 " ago and are leaving on purpose (" + verdictKindName(v.kind) + ": " + v.evidence + ")";
+    v.kind = VerdictKind::kStoppedRank;
   }
   return out;
 }

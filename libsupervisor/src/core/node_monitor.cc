@@ -68,6 +68,7 @@ struct NodeMonitor::Impl {
   std::vector<std::weak_ptr<LocalRank>> locals;
   std::map<int32_t, WireHello> hellos;        // every rank that said hello, re-sent on connect
   std::set<int32_t> said_goodbye;             // ranks that ended normally
+  std::set<int32_t> stopping;                 // ranks asked to stop, re-announced on connect
 
   // Outbound, waiting for the coordinator.
   std::deque<WireStall> out_stalls;
@@ -184,6 +185,7 @@ void NodeMonitor::Impl::onMessage(const WireMessage& m, std::set<int32_t>& ranks
   }
   for (const auto& g : m.gones) {
     if (g.reason == kGoneFinished || g.reason == kGoneFailed) said_goodbye.insert(g.rank);
+    if (g.reason == kGoneStopping) stopping.insert(g.rank);
     out_gones.push_back(g);
   }
   // Stall reports are what the coordinator must hear first: do not wait for the next tick.
@@ -250,6 +252,7 @@ void NodeMonitor::Impl::connectUpstream() {
     // A new coordinator (or the same one after a break) learns who is here.
     out_hellos.clear();
     for (const auto& [rank, hello] : hellos) out_hellos.push_back(hello);
+    for (int32_t r : stopping) out_gones.push_back({r, kGoneStopping});
     inbound = std::make_unique<FrameDecoder>(token);
     readUpstream();
     flush();

@@ -155,6 +155,8 @@ void Supervisor::Impl::onTick() {
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "signal";
   logger.logger->warn("stop requested by {}; the training loop should stop at the next step boundary", name);
   events->write("stop_requested", {{"signal", name}, {"last_step", progress->snapshot().last_step}});
+  // Peers will wait on this rank while it saves and leaves: the coordinator must not blame its host.
+  if (telemetry) telemetry->reportStopping();
 }
 
 void Supervisor::Impl::onWarn(const StallReport& r) {

@@ -29,6 +29,8 @@ struct TelemetryClient::Impl {
   // guarded by mu: what to say when stopping; kGoneClosed = nothing (dropConnection)
   int32_t goodbye_reason = kGoneFinished;
   std::deque<WireStall> stalls;      // guarded by mu
+  bool stop_requested = false;       // guarded by mu: reportStopping() was called
+  bool stop_announced = false;       // sender thread: said so on the current connection
   Counters counters;                 // guarded by mu
   std::thread thread;
 
@@ -90,6 +92,7 @@ bool TelemetryClient::Impl::connect() {
     s->connect(ep);
     if (!local) s->set_option(tcp::no_delay(true));
     socket = std::move(s);
+    stop_announced = false;  // a new connection (perhaps a new coordinator) is told again
     {
       std::lock_guard<std::mutex> lock(mu);
       ++counters.connects;
@@ -165,6 +168,7 @@ void TelemetryClient::Impl::loop() {
   for (;;) {
     std::deque<WireStall> new_stalls;
     bool last = false;
+    bool announce = false;
     int32_t reason = kGoneFinished;
     {
       // Until the next interval, a stall report or stop; abort orders are read every 20 ms
@@ -173,7 +177,10 @@ void TelemetryClient::Impl::loop() {
       std::unique_lock<std::mutex> lock(mu);
       for (;;) {
         auto until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
-        if (cv.wait_until(lock, until, [&] { return stopping || !stalls.empty(); })) break;
+        if (cv.wait_until(lock, until,
+                          [&] { return stopping || !stalls.empty() || (stop_requested && !stop_announced); })) {
+          break;
+        }
         if (std::chrono::steady_clock::now() >= deadline) break;
         lock.unlock();
         receive();
@@ -181,6 +188,7 @@ void TelemetryClient::Impl::loop() {
       }
       last = stopping;
       reason = goodbye_reason;
+      announce = stop_requested;
       if (last && reason == kGoneClosed) return;  // dropped: as if the process died
       new_stalls.swap(stalls);
     }
@@ -206,6 +214,12 @@ void TelemetryClient::Impl::loop() {
       m.stalls.assign(new_stalls.begin(), new_stalls.end());
       ok = sendFrame(m);
     }
+    if (ok && announce && !stop_announced) {
+      WireMessage m;
+      m.type = WireType::kGone;
+      m.gones.push_back({options.rank, kGoneStopping});
+      ok = stop_announced = sendFrame(m);
+    }
     if (ok) ok = sendPending();
     if (ok) {
       WireMessage hb;
@@ -218,7 +232,10 @@ void TelemetryClient::Impl::loop() {
       ok = sendFrame(hb);
     }
     if (ok) receive();
-    if (!ok) socket.reset();  // reconnect next interval; pending records wait (bounded)
+    if (!ok) {
+      socket.reset();  // reconnect next interval; pending records wait (bounded)
+      stop_announced = false;
+    }
   }
 }
 
@@ -253,6 +270,14 @@ void TelemetryClient::reportStall(const std::string& section, int64_t step) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stalls.push_back(s);
+  }
+  impl_->cv.notify_all();
+}
+
+void TelemetryClient::reportStopping() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop_requested = true;
   }
   impl_->cv.notify_all();
 }
