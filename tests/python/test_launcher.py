@@ -83,7 +83,10 @@ def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path, cle
     assert inc["restored_step"] == restored["step"] and 0 < inc["replay_s"] < 5 and inc["restart_s"] > 0
     assert 0 < summary["ettr"] < 1
     assert "incident 1" in rep.stdout and "quarantine" in rep.stdout
-    assert "<svg" in (run / "report.html").read_text()
+    page = (run / "report.html").read_text()
+    # The picture: the incident's lost time as three labelled bands, and the key events named.
+    assert "<svg" in page and all(f"{band} " in page for band in ("replay", "detection", "restart"))
+    assert f"verdict: {verdict['kind']}" in page and "quarantine host-b" in page
     print(f"[measure] report: lost {summary['lost_s']:.2f} s (detection {inc['detection_s']:.2f}, "
           f"replay {inc['replay_s']:.2f}, restart {inc['restart_s']:.2f}), ETTR {summary['ettr']:.3f}")
     _assert_same_training(clean, tmp_path / "spare" / "final.pt")

@@ -70,11 +70,11 @@ def analyse(agents, ranks, faults):
         saved = None
         if restored is not None:
             saved = min((c["time"] for c in snapshots if c.get("step") == restored["step"] and c["time"] <= v["time"]),
-                            default=None)
+                        default=None)
         t_fault = fault if fault is not None else v["time"]
         inc = {
             "round": v.get("round"), "verdict": v["kind"], "hosts": v.get("hosts", []), "section": v.get("section", ""),
-            "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed,
+            "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed, "saved_time": saved,
             "restored_step": restored["step"] if restored else None,
             "detection_s": (v["time"] - fault) if fault is not None else None,
             "replay_s": (t_fault - saved) if saved is not None else None,
@@ -132,36 +132,94 @@ COLORS = {"verdict": "#d62728", "quarantine": "#9467bd", "quarantined_exit": "#9
           "agent_lost": "#d62728", "rendezvous_evicted": "#1f77b4"}
 
 
-def html_report(a, rows, text):
+def _tick_step(span):
+    """A round tick interval giving about 6 to 12 ticks over `span` seconds."""
+    for step in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
+        if span / step <= 12:
+            return step
+    return span / 10
+
+
+# Events labelled on the picture (the others are dots with a tooltip).
+LABELS = {"fault_injected": lambda e: f"fault ({e.get('kind', '')})",
+          "verdict": lambda e: f"verdict: {e.get('kind', '')}",
+          "quarantine": lambda e: f"quarantine {e.get('quarantined_host', '')}",
+          "agent_lost": lambda e: f"lost {e.get('lost_host', '')}",
+          "give_up": lambda e: "gave up"}
+
+
+def svg_timeline(a, rows):
+    """The run as an SVG picture: one lane per host, a dot per event (hover for details), key
+    events labelled, and each incident's lost time as bands: replay (work since the restored
+    checkpoint), detection (fault -> verdict), restart (verdict -> first step after resume)."""
     hosts = sorted({e.get("host", "?") for e in rows})
-    width, lane, left = 1000, 46, 90
-    height = 40 + lane * len(hosts) + 30
+    width, lane, left, top = 1100, 52, 90, 64
+    plot_w = width - left - 30
+    height = top + lane * len(hosts) + 70
     t0, span = a["start"], max(a["wall_s"], 1e-6)
-    x = lambda t: left + (t - t0) / span * (width - left - 20)  # noqa: E731
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
-           f'font-size="11">']
+    x = lambda t: left + (t - t0) / span * plot_w  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
+           f'<text x="{left}" y="16" font-size="13" font-weight="bold">{len(a["incidents"])} incident(s), '
+           f'{a["lost_s"]:.1f} s lost of {a["wall_s"]:.1f} s: ETTR {a["ettr"]:.3f}</text>']
+    bottom = top + lane * len(hosts)
+    bands = (("replay", "#7f7f7f", "saved_time", "fault_time"), ("detection", "#d62728", "fault_time", "verdict_time"),
+             ("restart", "#ff7f0e", "verdict_time", "resumed_time"))
+    for n, i in enumerate(a["incidents"]):
+        for name, color, t_from, t_to in bands:
+            if i.get(t_from) is None or i.get(t_to) is None or i[t_to] <= i[t_from]:
+                continue
+            x0, x1 = x(i[t_from]), x(i[t_to])
+            out.append(f'<rect x="{x0:.1f}" y="{top - 8}" width="{x1 - x0:.1f}" height="{bottom - top + 8}" '
+                       f'fill="{color}" opacity="0.10"><title>{name} {i[t_to] - i[t_from]:.2f} s</title></rect>')
+            out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{top - 12 - 11 * (n % 2)}" text-anchor="middle" '
+                       f'fill="{color}">{name} {i[t_to] - i[t_from]:.1f} s</text>')
     for n, h in enumerate(hosts):
-        y = 30 + n * lane
-        svg.append(f'<text x="5" y="{y + 22}">{html.escape(h)}</text>')
-        svg.append(f'<line x1="{left}" y1="{y + 18}" x2="{width - 20}" y2="{y + 18}" stroke="#ccc"/>')
-    for i in a["incidents"]:
-        if i["fault_time"] is not None and i["resumed_time"] is not None:
-            svg.append(f'<rect x="{x(i["fault_time"]):.1f}" y="20" width="{x(i["resumed_time"]) - x(i["fault_time"]):.1f}" '
-                       f'height="{lane * len(hosts) + 10}" fill="#d62728" opacity="0.08"/>')
-    for e in rows:
-        y = 30 + hosts.index(e.get("host", "?")) * lane
+        y = top + n * lane + lane / 2
+        out.append(f'<text x="8" y="{y + 4:.0f}" font-weight="bold">{html.escape(h)}</text>')
+        out.append(f'<line x1="{left}" y1="{y:.0f}" x2="{left + plot_w}" y2="{y:.0f}" stroke="#ccc"/>')
+    step = _tick_step(span)
+    k = 0
+    while k * step <= span + 1e-9:
+        tx = x(t0 + k * step)
+        out.append(f'<line x1="{tx:.1f}" y1="{bottom}" x2="{tx:.1f}" y2="{bottom + 4}" stroke="#888"/>')
+        label = f"{k * step:g} s" if step < 60 else f"{k * step / 60:g} min"
+        out.append(f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="middle" fill="#444">{label}</text>')
+        k += 1
+    labelled = {}
+    for e in sorted(rows, key=lambda e: e["time"]):
+        y = top + hosts.index(e.get("host", "?")) * lane + lane / 2
+        cx = x(e["time"])
         color = COLORS.get(e["event"], "#555")
-        title = html.escape(f"{e['time'] - t0:.2f} s {e['event']} {_describe(e)}")
-        svg.append(f'<circle cx="{x(e["time"]):.1f}" cy="{y + 18}" r="5" fill="{color}"><title>{title}</title></circle>')
-    for k in range(11):
-        t = t0 + span * k / 10
-        svg.append(f'<text x="{x(t):.1f}" y="{height - 8}" text-anchor="middle">{t - t0:.0f} s</text>')
-    svg.append("</svg>")
-    legend = " ".join(f'<span style="color:{c}">&#9679;</span> {k}' for k, c in COLORS.items())
+        title = html.escape(f"{e['time'] - t0:.2f} s {e.get('host', '')} {e['event']} {_describe(e)}")
+        out.append(f'<circle cx="{cx:.1f}" cy="{y:.0f}" r="5" fill="{color}"><title>{title}</title></circle>')
+        if e["event"] in LABELS:
+            # Alternate above and below the lane, and skip a label that would overlap the last.
+            last = labelled.get(e.get("host"), (-1e9, 0))
+            if cx - last[0] < 70 and last[1] == 1:
+                continue
+            side = -1 if cx - last[0] >= 70 else 1
+            labelled[e.get("host")] = (cx, 1 if side == 1 else 0)
+            out.append(f'<text x="{cx:.1f}" y="{y + side * 12 + (4 if side > 0 else 0):.0f}" text-anchor="middle" '
+                       f'fill="{color}">{html.escape(LABELS[e["event"]](e))}</text>')
+    present = [k for k in COLORS if any(e["event"] == k for e in rows)]
+    lx, ly = left, bottom + 40
+    for k in present:
+        w = 14 + 6.2 * len(k)
+        if lx + w > width - 10:
+            lx, ly = left, ly + 16
+        out.append(f'<circle cx="{lx + 4}" cy="{ly - 4}" r="4" fill="{COLORS[k]}"/>'
+                   f'<text x="{lx + 12}" y="{ly}">{k}</text>')
+        lx += w + 12
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def html_report(a, rows, text):
     return ("<!doctype html><meta charset=utf-8><title>trainsup report</title>"
             f"<h1>trainsup run: ETTR {a['ettr']:.3f}</h1><p>{len(a['incidents'])} incident(s), "
             f"{a['lost_s']:.1f} s lost of {a['wall_s']:.1f} s (hover a dot for the event)</p>"
-            + "\n".join(svg) + f"<p>{legend}</p><pre>{html.escape(text)}</pre>")
+            + svg_timeline(a, rows) + f"<pre>{html.escape(text)}</pre>")
 
 
 def main(argv=None):
