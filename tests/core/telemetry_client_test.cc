@@ -74,57 +74,55 @@ TEST(TelemetryClientTest, ARankThatNeverEntersIsNamedAfterTheBudget) {
   EXPECT_EQ(clients[0]->counters().records_dropped, 0u);
 }
 
-TEST(TelemetryClientTest, AClientThatGoesAwayIsADeadRank) {
+// Waits (bounded by `deadline`) until `c` has sent at least `frames` frames.
+bool sentFrames(TelemetryClient& c, uint64_t frames, std::chrono::steady_clock::time_point deadline) {
+  while (c.counters().frames_sent < frames && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  return c.counters().frames_sent >= frames;
+}
+
+// Two ranks report; rank 1's process then dies (its connection closes without a goodbye),
+// after it was asked to stop if `asked_to_stop`. Returns the coordinator's first verdict.
+Verdict verdictWhenRankOneGoesAway(bool asked_to_stop) {
   Sink sink;
   auto coord = coordinator(sink, 2);
   CollectiveTracker a, b;
   auto ca = client(coord->port(), 0, a);
   auto cb = client(coord->port(), 1, b);
-  // Wait (bounded) until both are connected and heard from.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while ((ca->counters().frames_sent == 0 || cb->counters().frames_sent == 0) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
+  EXPECT_TRUE(sentFrames(*ca, 1, deadline) && sentFrames(*cb, 1, deadline)) << "both connected and heard from";
+  if (asked_to_stop) {
+    // SIGTERM on rank 1's node: its supervisor says so. The notice goes out in the client's
+    // next round (notice + heartbeat) at the latest; the round under way sends one heartbeat:
+    // three more frames mean the notice is out.
+    const uint64_t before = cb->counters().frames_sent;
+    cb->reportStopping();
+    cb->reportStopping();  // idempotent
+    EXPECT_TRUE(sentFrames(*cb, before + 3, deadline));
   }
-  ASSERT_GT(cb->counters().frames_sent, 0u);
-  cb->dropConnection();  // the rank's process dies: its connection closes without a goodbye
+  cb->dropConnection();
   auto fut = sink.first.get_future();
-  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  Verdict v = fut.get();
-  EXPECT_EQ(v.kind, VerdictKind::kDeadRank);
-  EXPECT_EQ(v.ranks, std::vector<int>{1});
+  Verdict v;
+  if (fut.wait_for(std::chrono::seconds(10)) == std::future_status::ready) {
+    v = fut.get();
+  } else {
+    ADD_FAILURE() << "no verdict within 10 s";
+  }
   ca->stop();
   coord->stop();
+  return v;
+}
+
+TEST(TelemetryClientTest, AClientThatGoesAwayIsADeadRank) {
+  Verdict v = verdictWhenRankOneGoesAway(false);
+  EXPECT_EQ(v.kind, VerdictKind::kDeadRank);
+  EXPECT_EQ(v.ranks, std::vector<int>{1});
 }
 
 TEST(TelemetryClientTest, ARankAskedToStopThatGoesAwayIsAStoppedRankNotADeadOne) {
-  Sink sink;
-  auto coord = coordinator(sink, 2);
-  CollectiveTracker a, b;
-  auto ca = client(coord->port(), 0, a);
-  auto cb = client(coord->port(), 1, b);
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while ((ca->counters().frames_sent == 0 || cb->counters().frames_sent == 0) && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  // SIGTERM on rank 1's node: its supervisor says so. The notice goes out in the client's next
-  // round (notice + heartbeat) at the latest; the round under way sends one heartbeat: three
-  // more frames mean the notice is out.
-  const uint64_t before = cb->counters().frames_sent;
-  cb->reportStopping();
-  cb->reportStopping();  // idempotent
-  while (cb->counters().frames_sent < before + 3 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::yield();
-  }
-  ASSERT_GE(cb->counters().frames_sent, before + 3);
-  cb->dropConnection();  // then killed after its grace: no goodbye
-  auto fut = sink.first.get_future();
-  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  Verdict v = fut.get();
+  Verdict v = verdictWhenRankOneGoesAway(true);
   EXPECT_EQ(v.kind, VerdictKind::kStoppedRank) << v.evidence;
   EXPECT_EQ(v.ranks, std::vector<int>{1});
   EXPECT_NE(v.evidence.find("dead_rank"), std::string::npos) << v.evidence;
-  ca->stop();
-  coord->stop();
 }
 
 TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
