@@ -74,6 +74,29 @@ def test_a_dead_node_is_evicted_by_another_and_the_round_ends_for_the_survivor(t
     assert not st.participants and not st.wait_list
 
 
+def test_expedite_ends_the_last_call_wait_of_a_round_that_has_everyone_it_can_get():
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    # MIN 1, MAX 2: one node alone waits torch's last call (30 s) for a second one.
+    h = compat.inner_handler_factory("c10d")(RendezvousParameters(
+        backend="c10d", endpoint=f"127.0.0.1:{_free_port()}", run_id="expedite", min_nodes=1, max_nodes=2))
+    done = threading.Event()
+    result = []
+    threading.Thread(target=lambda: (result.append(compat.unpack_rendezvous(h.next_rendezvous())), done.set()),
+                     daemon=True).start()
+    pause = threading.Event()  # never set: a bounded poll of the shared state
+    for _ in range(200):  # until it is the one participant of the forming round (at most 20 s)
+        if compat.forming_round(h) == (1, True):
+            break
+        pause.wait(0.1)
+    assert compat.forming_round(h) == (1, True)
+    assert compat.expedite(h) is True
+    assert done.wait(10), "the round did not complete although its last call was ended"
+    assert result[0][1:] == (0, 1)
+    assert compat.forming_round(h) is None and compat.expedite(h) is False  # complete: nothing to end
+    h._stop_heartbeats()
+
+
 def test_the_old_etcd_backend_is_refused_with_the_ones_that_work():
     with pytest.raises(ValueError, match=r"'etcd'.*c10d.*etcd-v2"):
         compat.inner_handler_factory("etcd")

@@ -138,6 +138,35 @@ def max_nodes(handler):
     return handler._settings.max_nodes
 
 
+def min_nodes(handler):
+    return handler._settings.min_nodes
+
+
+def forming_round(handler):
+    """(participants, deadline pending) of the round being formed now, or None when no round is
+    forming (it is complete or closed)."""
+    st = current_state(handler)
+    if st.complete or st.closed:
+        return None
+    return len(st.participants), st.deadline is not None
+
+
+def expedite(handler):
+    """Ends the last-call wait of the round being formed: torch waits last_call_timeout (30 s)
+    for more nodes once MIN have joined; when every node that can come has come, that is time
+    lost. Sets the round's deadline to now, so the next participant to sync completes it.
+    Returns True if this agent's write won (the backend's compare-and-set)."""
+    from datetime import datetime
+    holder = _fresh_holder(handler)
+    st = holder.state
+    if st.complete or st.closed or st.deadline is None:
+        return False
+    tz = getattr(st.deadline, "tzinfo", None)  # naive UTC in torch 1.x, aware in 2.x
+    st.deadline = datetime.now(tz) if tz is not None else datetime.utcnow()
+    holder.mark_dirty()
+    return bool(holder.sync())
+
+
 def round_of(handler):
     return state(handler).round
 

@@ -178,7 +178,11 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.services = None
         t0 = time.monotonic()
         self.events.write("rendezvous_join", previous_round=self.round)
-        result = self.inner.next_rendezvous()
+        expedite = self._start_expediting()
+        try:
+            result = self.inner.next_rendezvous()
+        finally:
+            expedite.set()
         store, group_rank, group_world = compat.unpack_rendezvous(result)
         self.round = compat.round_of(self.inner)
         nproc = self.settings["nproc_per_node"]
@@ -191,11 +195,47 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
         os.environ.setdefault("TRAINSUP_JOB_ID", self.get_run_id())
         self.liveness.joined_round(self.round, group_rank, group_world)
+        self._world = group_world
         self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
         return result
 
     # --- policies ---
+    def _expected_back(self):
+        """How many nodes can come back after the round we were in: its hosts less those that
+        left, were lost or are quarantined (None before the first round)."""
+        if self.round is None:
+            return None
+        hosts = self.liveness.hosts_of_round(self.round, getattr(self, "_world", 0))
+        return sum(1 for h in hosts if not self.liveness.has_left(h) and self.quarantine.get(h) is None)
+
+    def _start_expediting(self):
+        """On a restart, watches the round being formed and ends torch's last-call wait once
+        every node that can come back has joined (a shrinking job would otherwise wait 30 s for
+        nodes that are gone). Returns the event that stops the watch."""
+        done = threading.Event()
+        if self.round is None:
+            return done
+
+        def watch():
+            while not done.wait(0.5):
+                try:
+                    forming = compat.forming_round(self.inner)
+                    expected = self._expected_back()
+                    if forming is None or expected is None:
+                        continue
+                    joined, last_call = forming
+                    if last_call and joined >= max(expected, compat.min_nodes(self.inner)):
+                        if compat.expedite(self.inner):
+                            self.events.write("rendezvous_expedited", joined=joined, expected=expected)
+                            return
+                except Exception as e:  # torch's own deadline still ends the wait
+                    self.events.write("rendezvous_expedite_failed", error=str(e))
+                    return
+
+        threading.Thread(target=watch, name="trainsup-rendezvous-expedite", daemon=True).start()
+        return done
+
     def _leave_if_quarantined(self):
         record = self.quarantine.get(self.node)
         if record is None:

@@ -57,6 +57,18 @@ class HostLiveness:
             self._round = (rnd, group_rank, group_world)
             self._seen = {}
 
+    def hosts_of_round(self, rnd, group_world):
+        """The hosts registered for round `rnd` (those that registered)."""
+        hosts = []
+        for g in range(group_world):
+            host = peek(self.store, self._round_key(rnd, g))
+            if host:
+                hosts.append(host)
+        return hosts
+
+    def has_left(self, host):
+        return host in self._lost or peek(self.store, self._key(host, "left")) is not None
+
     def left(self):
         """This agent ends on purpose: nobody should report it lost."""
         self._stop.set()
