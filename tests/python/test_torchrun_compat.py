@@ -1,10 +1,12 @@
 """The launcher's adapters to torchrun's internals (trainsup/_torchrun_compat.py), on real
 rendezvous handlers (two nodes of one c10d rendezvous in this process) and a real etcd."""
 import dataclasses
+import datetime
 import os
 import socket
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -95,6 +97,25 @@ def test_expedite_ends_the_last_call_wait_of_a_round_that_has_everyone_it_can_ge
     assert result[0][1:] == (0, 1)
     assert compat.forming_round(h) is None and compat.expedite(h) is False  # complete: nothing to end
     h._stop_heartbeats()
+
+
+def test_trainsups_store_is_not_stalled_by_torchruns_blocking_gets(two_nodes):
+    # torchrun's agent blocks in gets on the rendezvous store (its exit barrier waits up to 300 s)
+    # and a TCPStore client serialises its operations: the keep-alives must not queue behind it.
+    handlers, _ = two_nodes
+    base = compat.base_store(handlers[0])
+    ours = compat.trainsup_store(handlers[0])
+    assert ours is not base and ours.port == base.port
+    base.set_timeout(datetime.timedelta(seconds=4))
+    blocked = threading.Thread(target=lambda: pytest.raises(Exception, base.get, "never-set"), daemon=True)
+    blocked.start()
+    blocked.join(0.3)
+    assert blocked.is_alive(), "the get should be waiting"
+    t0 = time.monotonic()
+    ours.add("keepalive", 1)
+    took = time.monotonic() - t0
+    blocked.join(10)
+    assert took < 2, f"the keep-alive waited {took:.1f} s behind torchrun's get"
 
 
 def test_the_old_etcd_backend_is_refused_with_the_ones_that_work():

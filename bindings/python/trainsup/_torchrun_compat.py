@@ -106,12 +106,19 @@ def _etcd_store_class():
 
 def trainsup_store(handler):
     """The store trainsup keeps its job-wide keys in (election, verdicts, quarantine mirror,
-    restart counters): the rendezvous's own TCPStore for c10d; for etcd-v2 an etcd store on the
-    same etcd client under /trainsup/<run id>/, which supports compare_set."""
+    restart counters, agents' keep-alives), as a client of trainsup's own: for c10d a second
+    TCPStore client of the rendezvous's server (a client serialises its operations, and
+    torchrun's agent blocks in long gets on its own, e.g. 300 s in its exit barrier, which would
+    stall every keep-alive behind it); for etcd-v2 an etcd store under /trainsup/<run id>/ on
+    the same etcd client, which supports compare_set."""
+    import datetime
+    from torch.distributed import TCPStore
     store = base_store(handler)
     client = getattr(store, "client", None)
     if client is not None and type(store).__name__ == "EtcdStore":
         return _etcd_store_class()(client, f"/trainsup/{handler.get_run_id()}/store")
+    if isinstance(store, TCPStore):
+        return TCPStore(store.host, store.port, None, False, datetime.timedelta(seconds=60))
     return store
 
 
@@ -151,15 +158,29 @@ def forming_round(handler):
     return len(st.participants), st.deadline is not None
 
 
-def expedite(handler):
+def _node(desc):
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    return dr._NodeDesc(str(desc[0]), int(desc[1]), int(desc[2]))
+
+
+def has_joined(handler, descs):
+    """Whether every node in `descs` (node_desc() lists) is a participant of the round being formed."""
+    st = current_state(handler)
+    return not st.complete and all(_node(d) in st.participants for d in descs)
+
+
+def expedite(handler, required=()):
     """Ends the last-call wait of the round being formed: torch waits last_call_timeout (30 s)
     for more nodes once MIN have joined; when every node that can come has come, that is time
-    lost. Sets the round's deadline to now, so the next participant to sync completes it.
+    lost. Sets the round's deadline to now, so the next participant to sync completes it, if
+    every node in `required` (node_desc() lists) is a participant of the state it writes.
     Returns True if this agent's write won (the backend's compare-and-set)."""
     from datetime import datetime
     holder = _fresh_holder(handler)
     st = holder.state
     if st.complete or st.closed or st.deadline is None:
+        return False
+    if not all(_node(d) in st.participants for d in required):
         return False
     tz = getattr(st.deadline, "tzinfo", None)  # naive UTC in torch 1.x, aware in 2.x
     st.deadline = datetime.now(tz) if tz is not None else datetime.utcnow()
@@ -224,7 +245,7 @@ def evict(handler, desc, timeout_s=10.0):
     compare-and-set orders the writes. Returns True if the node was in the rendezvous."""
     import time
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-    node = dr._NodeDesc(str(desc[0]), int(desc[1]), int(desc[2]))
+    node = _node(desc)
     holder = _fresh_holder(handler)
     st = holder.state
     present = node in st.participants or node in st.wait_list or node in getattr(st, "redundancy_list", ())

@@ -32,7 +32,7 @@ from . import preflight
 from .checkpoint import load_checkpoint
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .liveness import HostLiveness
-from .telemetry import NodeServices, peek, publish_verdict, rank_table
+from .telemetry import NodeServices, compare_set, peek, publish_verdict, rank_table
 
 EXIT_DO_NOT_REQUEUE = 96
 # Verdicts that say a host is broken (not the program): its host is quarantined.
@@ -102,7 +102,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._lost_lock = threading.Lock()
         self.liveness = HostLiveness(self.store, inner.get_run_id(), self.node, compat.node_desc(inner),
                                      self._host_lost, interval_s=settings["agent_heartbeat_s"],
-                                     timeout_s=settings["agent_timeout_s"])
+                                     timeout_s=settings["agent_timeout_s"],
+                                     on_error=lambda host, e: self.events.write("agent_lost_unhandled",
+                                                                                lost_host=host, error=str(e)))
         self._preflight()
 
     def _preflight(self):
@@ -202,12 +204,20 @@ class TrainsupRendezvousHandler(RendezvousHandler):
 
     # --- policies ---
     def _expected_back(self):
-        """How many nodes can come back after the round we were in: its hosts less those that
-        left, were lost or are quarantined (None before the first round)."""
+        """The nodes (node_desc() lists) that can come back after the round we were in: its
+        hosts' current agents, less those that left, were lost or are quarantined (None before
+        the first round, or when one of them is not known)."""
         if self.round is None:
             return None
-        hosts = self.liveness.hosts_of_round(self.round, getattr(self, "_world", 0))
-        return sum(1 for h in hosts if not self.liveness.has_left(h) and self.quarantine.get(h) is None)
+        nodes = []
+        for h in self.liveness.hosts_of_round(self.round, getattr(self, "_world", 0)):
+            if self.liveness.is_gone(h) or self.quarantine.get(h) is not None:
+                continue
+            node = self.liveness.node_of(h)
+            if node is None:
+                return None
+            nodes.append(node)
+        return nodes
 
     def _start_expediting(self):
         """On a restart, watches the round being formed and ends torch's last-call wait once
@@ -225,10 +235,12 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                     if forming is None or expected is None:
                         continue
                     joined, last_call = forming
-                    if last_call and joined >= max(expected, compat.min_nodes(self.inner)):
-                        if compat.expedite(self.inner):
-                            self.events.write("rendezvous_expedited", joined=joined, expected=expected)
-                            return
+                    # Every node that can come back has joined (by identity, not by count: a
+                    # spare or a newcomer is no stand-in for a survivor still on its way).
+                    if last_call and joined >= compat.min_nodes(self.inner) and \
+                            compat.has_joined(self.inner, expected) and compat.expedite(self.inner, expected):
+                        self.events.write("rendezvous_expedited", joined=joined, expected=len(expected))
+                        return
                 except Exception as e:  # torch's own deadline still ends the wait
                     self.events.write("rendezvous_expedite_failed", error=str(e))
                     return
@@ -299,7 +311,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 self._handled_verdicts.add((job_id, json.dumps(ours, sort_keys=True)))
                 self.events.write("verdict", round=rnd, kind="dead_host", ranks=ranks, hosts=[host], section="",
                                   evidence=evidence)
-            if self.quarantine.get(host) is None:
+            # Two agents watch each host: the first to claim it quarantines (and runs the commands).
+            claim = f"agents/{self.get_run_id()}/{host}/lost-claim/{json.dumps(desc)}"
+            if self.quarantine.get(host) is None and compare_set(self.store, claim, "", self.node) == self.node.encode():
                 self._quarantine(host, evidence, "dead_host", gpu=(gpus or [""])[0])
             if desc is not None:
                 try:

@@ -3,17 +3,25 @@ panic, a killed node), which no rank can report because the host's ranks, node m
 perhaps the coordinator went with it.
 
 Each agent renews a keep-alive counter in the job's store every `interval_s`
-(TRAINSUP_AGENT_HEARTBEAT_S) and, after each rendezvous, registers its group rank. Each agent
-watches the next two agents of its round in group-rank order (a ring: every agent is watched
-twice, and each reads two keys a second, so the store's load grows with the number of hosts, not
-its square). An agent whose counter has not moved for `timeout_s` (TRAINSUP_AGENT_TIMEOUT_S), and
-that has not said it left on purpose (a normal end, a quarantine exit, giving up), is reported
-through on_lost(host, silent_s, node_desc, round).
+(TRAINSUP_AGENT_HEARTBEAT_S) on a thread that does nothing else and, after each rendezvous,
+registers its group rank. A second thread watches the next two agents of its round in
+group-rank order (a ring: every agent is watched twice, and each reads a few keys a second, so
+the store's load grows with the number of hosts, not its square). An agent whose counter has not
+moved for `timeout_s` (TRAINSUP_AGENT_TIMEOUT_S), and that has not said it left on purpose (a
+normal end, a quarantine exit, giving up, a signal from the scheduler), is reported through
+on_lost(host, silent_s, node_desc, round) on the watching thread; if on_lost raises, on_error
+is told and the host is reported again at the next check.
+
+The store must be a client of this agent's own: a TCPStore client serialises its operations, and
+torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
+would stop the keep-alive and get this host taken for dead.
 
 Keys, under the launcher's "trainsup/" prefix:
   agents/<run>/<host>/beat       the counter
-  agents/<run>/<host>/node       JSON [fqdn, pid, local_id]: its node in torch's rendezvous
-  agents/<run>/<host>/left       set when it ends on purpose
+  agents/<run>/<host>/node       JSON [fqdn, pid, local_id]: this agent's node in torch's rendezvous
+  agents/<run>/<host>/left       the node JSON of an agent that ended on purpose (a marker left
+                                 by an earlier agent of the host, e.g. before a requeue, does
+                                 not match the current node and counts for nothing)
   agents/<run>/round-<r>/<g>     the host of group rank g in round r
 """
 import json
@@ -24,22 +32,26 @@ from .telemetry import peek
 
 
 class HostLiveness:
-    def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0):
+    def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0, on_error=None):
         self.store = store
         self.run_id = run_id
         self.host = host
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
         self.on_lost = on_lost
+        self.on_error = on_error or (lambda host, error: None)
+        self._node = json.dumps(node_desc)
         self._lock = threading.Lock()
         self._round = None            # (round, group_rank, group_world) of our last rendezvous
-        self._seen = {}               # host -> (counter value, monotonic time it last changed)
-        self._lost = set()
+        self._seen = {}               # host -> (node, counter value, monotonic time it last changed)
+        self._lost = set()            # (host, node) reported lost
         self._stop = threading.Event()
-        self.store.set(self._key(host, "node"), json.dumps(node_desc))
+        self.store.set(self._key(host, "node"), self._node)
         self._beat()
-        self._thread = threading.Thread(target=self._run, name="trainsup-agent-liveness", daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._loop, args=(fn,), name=f"trainsup-agent-{name}", daemon=True)
+                         for name, fn in (("keepalive", self._beat), ("watch", self._check))]
+        for t in self._threads:
+            t.start()
 
     def _key(self, host, name):
         return f"agents/{self.run_id}/{host}/{name}"
@@ -66,14 +78,21 @@ class HostLiveness:
                 hosts.append(host)
         return hosts
 
-    def has_left(self, host):
-        return host in self._lost or peek(self.store, self._key(host, "left")) is not None
+    def node_of(self, host):
+        """The host's current agent's node in torch's rendezvous ([fqdn, pid, local_id]), or None."""
+        text = peek(self.store, self._key(host, "node"))
+        return json.loads(text) if text else None
+
+    def is_gone(self, host):
+        """Whether the host's current agent left on purpose or was reported lost."""
+        node = peek(self.store, self._key(host, "node"))
+        return (host, node) in self._lost or (node is not None and peek(self.store, self._key(host, "left")) == node)
 
     def left(self):
         """This agent ends on purpose: nobody should report it lost."""
         self._stop.set()
         try:
-            self.store.set(self._key(self.host, "left"), "1")
+            self.store.set(self._key(self.host, "left"), self._node)
         except Exception:
             pass  # the store is gone with the job
 
@@ -96,24 +115,26 @@ class HostLiveness:
         rnd, hosts = self._watched()
         now = time.monotonic()
         for host in hosts:
-            if host in self._lost:
+            node = peek(self.store, self._key(host, "node"))
+            if (host, node) in self._lost:
                 continue
             value = peek(self.store, self._key(host, "beat"))
             last = self._seen.get(host)
-            if last is None or last[0] != value:
-                self._seen[host] = (value, now)
+            if last is None or last[:2] != (node, value):
+                self._seen[host] = (node, value, now)  # a new agent of the host starts afresh
                 continue
-            silent = now - last[1]
-            if silent < self.timeout_s or peek(self.store, self._key(host, "left")) is not None:
+            silent = now - last[2]
+            if silent < self.timeout_s or peek(self.store, self._key(host, "left")) == node:
                 continue
-            self._lost.add(host)
-            desc = peek(self.store, self._key(host, "node"))
-            self.on_lost(host, silent, json.loads(desc) if desc else None, rnd)
+            try:
+                self.on_lost(host, silent, json.loads(node) if node else None, rnd)
+                self._lost.add((host, node))
+            except Exception as e:  # told, and reported again at the next check
+                self.on_error(host, e)
 
-    def _run(self):
+    def _loop(self, fn):
         while not self._stop.wait(self.interval_s):
             try:
-                self._beat()
-                self._check()
+                fn()
             except Exception as e:  # the store may be unreachable for a moment: try again
                 self.last_error = e

@@ -19,8 +19,8 @@ NVML_FEATURE_ENABLED = 1
 def _nvml():
     """The driver's NVML (TRAINSUP_NVML_LIBRARY names it where the loader cannot find it, e.g.
     a container's /usr/local/nvidia/lib64), with the signatures the checks use, or None."""
-    names = [os.environ["TRAINSUP_NVML_LIBRARY"]] if os.environ.get("TRAINSUP_NVML_LIBRARY") else []
-    for name in names + ["libnvidia-ml.so.1", "libnvidia-ml.so"]:
+    configured = os.environ.get("TRAINSUP_NVML_LIBRARY")
+    for name in [configured] if configured else ["libnvidia-ml.so.1", "libnvidia-ml.so"]:
         try:
             lib = ctypes.CDLL(name)
             break

@@ -57,7 +57,8 @@ def analyse(agents, ranks, faults):
     restores = sorted((e for e in ranks if e["event"] == "checkpoint_restored"), key=lambda e: e["time"])
     # The work a restore throws away starts at the step the checkpoint holds: its snapshot (the
     # commit may even come after the fault, when the persist finishes); older logs: its commit.
-    snapshots = [e for e in ranks if e["event"] in ("checkpoint_snapshot", "checkpoint_committed")]
+    snapshots = [e for e in ranks if e["event"] == "checkpoint_snapshot"]
+    commits = [e for e in ranks if e["event"] == "checkpoint_committed"]
     incidents = []
     seen_rounds = set()
     for v in verdicts:
@@ -67,11 +68,16 @@ def analyse(agents, ranks, faults):
         fault = max((f["time"] for f in faults if f["time"] <= v["time"]), default=None)
         resumed = next((f["time"] for f in firsts if f["time"] > v["time"]), None)
         restored = next((r for r in restores if r["time"] > v["time"]), None)
+        t_fault = fault if fault is not None else v["time"]
         saved = None
         if restored is not None:
-            saved = min((c["time"] for c in snapshots if c.get("step") == restored["step"] and c["time"] <= v["time"]),
-                        default=None)
-        t_fault = fault if fault is not None else v["time"]
+            # The latest save of that step before the fault (an earlier attempt may have saved
+            # the same step and failed to commit it).
+            for events in (snapshots, commits):
+                saved = max((c["time"] for c in events if c.get("step") == restored["step"] and c["time"] <= t_fault),
+                            default=None)
+                if saved is not None:
+                    break
         inc = {
             "round": v.get("round"), "verdict": v["kind"], "hosts": v.get("hosts", []), "section": v.get("section", ""),
             "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed, "saved_time": saved,

@@ -177,8 +177,11 @@ void TelemetryClient::Impl::loop() {
       std::unique_lock<std::mutex> lock(mu);
       for (;;) {
         auto until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
-        if (cv.wait_until(lock, until,
-                          [&] { return stopping || !stalls.empty() || (stop_requested && !stop_announced); })) {
+        // A stop notice wakes the loop only when there is a connection to say it on; without
+        // one, the next interval's reconnect says it (no busy loop while the coordinator is gone).
+        if (cv.wait_until(lock, until, [&] {
+              return stopping || !stalls.empty() || (stop_requested && !stop_announced && socket != nullptr);
+            })) {
           break;
         }
         if (std::chrono::steady_clock::now() >= deadline) break;
