@@ -243,6 +243,33 @@ TEST(SupervisorTest, SigtermBecomesAStopRequestAndSlurmSignalsAreUntouched) {
   EXPECT_EQ(after.sa_handler, before_term.sa_handler);
 }
 
+TEST(SupervisorTest, ASignalDeliveredTwiceAtOnceIsOneStopRequest) {
+  // Slurm signals every process of the job and torchrun forwards the same SIGTERM to its
+  // workers: both arrive within moments, and the rank must still save and exit on its own.
+  auto sup = Supervisor::create(testConfig(tempDir()));
+  ASSERT_TRUE(sup.isOk());
+  raise(SIGTERM);
+  raise(SIGTERM);  // would kill the test if it counted as "asked again"
+  EXPECT_TRUE((*sup)->stopRequested());
+  EXPECT_EQ((*sup)->stopSignal(), SIGTERM);
+  (*sup)->close();
+}
+
+TEST(SupervisorDeathTest, ASecondSignalLaterKillsALoopThatIgnoresTheFirst) {
+  EXPECT_EXIT(
+      {
+        auto sup = Supervisor::create(testConfig(tempDir()));
+        if (!sup.isOk()) std::_Exit(3);
+        raise(SIGTERM);
+        // The loop ignores the request; the user asks again after the 2 s in which a repeat
+        // counts as the same delivery.
+        std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+        raise(SIGTERM);
+        std::_Exit(4);  // not reached
+      },
+      ::testing::KilledBySignal(SIGTERM), "");
+}
+
 TEST(SupervisorTest, ScopesNest) {
   auto sup = Supervisor::create(testConfig(tempDir()));
   ASSERT_TRUE(sup.isOk());

@@ -4,8 +4,11 @@ host-a and the spare host-c from the newest valid checkpoint and finishes with t
 of a run that never failed; the same when a host dies outright under the etcd-v2 rendezvous."""
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -164,6 +167,50 @@ def test_an_agent_stopped_by_the_scheduler_is_not_taken_for_a_dead_host(tmp_path
     # host-b left the rendezvous, so host-a's next round did not wait out torch's keep-alive
     # expiry (15 s) nor its last call (30 s) for it.
     assert last["wait_s"] < 15, last
+
+
+def test_a_preempted_job_saves_one_step_on_every_rank_and_resumes_from_it(tmp_path, clean):
+    # Slurm preempting the job signals every process of it, and torchrun forwards the same
+    # SIGTERM to its workers: each rank gets it twice within moments and must still save.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1",
+               TRAINSUP_CHECKPOINT_DIR=str(tmp_path / "ckpt"), TRAINSUP_LOG_DIR=str(tmp_path / "logs"),
+               TRAINSUP_LOG_STDERR="0", TRAINSUP_NODE_NAME="host-a")
+    cmd = [sys.executable, "-m", "trainsup.run", "--standalone", "--nnodes=1", "--nproc_per_node=2",
+           "--run-dir", str(tmp_path / "run"), os.path.join(REPO, "examples", "python", "train_ddp.py"),
+           "--steps", STEPS, "--checkpoint-every", "50", "--step-sleep-ms", "20", "--out", str(tmp_path / "final.pt")]
+
+    def rank_events():
+        return [e for p in sorted((tmp_path / "logs").glob("*.events.jsonl")) for e in _events(p)]
+
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while sum(e["event"] == "checkpoint_committed" and e["step"] >= 150 for e in rank_events()) < 2:
+            assert job.poll() is None and time.monotonic() < deadline, "the job did not reach step 150"
+            time.sleep(0.1)  # polls the ranks' event logs; bounded by the deadline
+        os.killpg(job.pid, signal.SIGTERM)  # the agent and both workers, as a scheduler does
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    events = rank_events()
+    assert sorted(e["rank"] for e in events if e["event"] == "stop_requested") == [0, 1]
+    # Each rank saved where it stopped (train_ddp.py logs the step), the same step on both.
+    saved = {}
+    for log in (tmp_path / "logs").glob("*.log"):
+        m = re.search(r"rank=(\d+)\].*stop requested: checkpointed step (\d+)", log.read_text())
+        assert m, f"{log.name} has no stop checkpoint"
+        saved[int(m.group(1))] = int(m.group(2))
+    assert len(saved) == 2 and len(set(saved.values())) == 1, saved
+    step = saved[0]
+    committed = {e["rank"] for e in events if e["event"] == "checkpoint_committed" and e["step"] == step}
+    assert committed == {0, 1} and (tmp_path / "ckpt" / f"step-{step:020d}").is_dir()
+    # Requeued: the same command resumes from that checkpoint and finishes the training exactly.
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    restored = [e for e in rank_events() if e["event"] == "checkpoint_restored"]
+    assert restored and {e["step"] for e in restored} == {step}, restored
+    _assert_same_training(clean, tmp_path / "final.pt")
 
 
 def test_without_a_spare_the_job_shrinks_to_one_host_and_finishes(tmp_path):

@@ -24,8 +24,9 @@
 //   the process with kExitStall. The heartbeat monitor bounds all of that by abort_grace_s:
 //   past it, the process ends with kExitStall anyway (also if close() runs meanwhile).
 //   With StallAction::kWarn it only logs and dumps, once per stalled section.
-// - stopRequested() turns true after SIGTERM or SIGINT; a second signal of the same kind
-//   kills the process the default way. SIGUSR1/SIGUSR2 are never touched. With telemetry, the
+// - stopRequested() turns true after SIGTERM or SIGINT; a second signal of the same kind, 2 s
+//   or more after the first, kills the process the default way (one sooner is the same request
+//   delivered twice: a scheduler signals every process of the job and torchrun forwards it). SIGUSR1/SIGUSR2 are never touched. With telemetry, the
 //   watchdog's next tick also tells the coordinator that this rank is leaving on purpose, so
 //   that its peers' wait on it is a stopped_rank verdict, not a fault of its host.
 // - Any thread may call stopRequested(), log(), event(), addAbortCallback(), budgetFor().

@@ -1,6 +1,7 @@
 #include "stop_signals.h"
 
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,6 +21,15 @@ struct sigaction g_old_term;       // guarded by g_mu
 struct sigaction g_old_int;        // guarded by g_mu
 
 std::atomic<pid_t> g_owner{0};
+std::atomic<int64_t> g_first_ns{0};                // when the first signal came (CLOCK_MONOTONIC)
+std::atomic<int64_t> g_window_ns{2'000'000'000};  // a repeat within this is the same request
+static_assert(std::atomic<int64_t>::is_always_lock_free, "the handler needs lock-free timestamps");
+
+int64_t monotonicNs() {  // clock_gettime is async-signal-safe
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 void onStopSignal(int sig) {
   // A forked child (data-loader worker, multiprocessing) inherits this handler but nobody in it
@@ -30,9 +40,12 @@ void onStopSignal(int sig) {
     return;
   }
   int expected = 0;
-  if (g_requested.compare_exchange_strong(expected, sig)) return;
-  if (expected == sig) {
-    // Asked twice: the user means it.
+  if (g_requested.compare_exchange_strong(expected, sig)) {
+    g_first_ns.store(monotonicNs());
+    return;
+  }
+  if (expected == sig && monotonicNs() - g_first_ns.load() >= g_window_ns.load()) {
+    // Asked again, later: the user means it.
     signal(sig, SIG_DFL);
     raise(sig);
   }
@@ -66,6 +79,8 @@ void uninstall() {
 
 int requestedBy() { return g_requested.load(); }
 void reset() { g_requested.store(0); }
+int64_t repeatWindowNs() { return g_window_ns.load(); }
+void setRepeatWindowNs(int64_t ns) { g_window_ns.store(ns); }
 
 }  // namespace stop_signals
 }  // namespace trainsup
