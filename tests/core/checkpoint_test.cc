@@ -547,5 +547,50 @@ TEST(CheckpointMultiRankTest, RanksAgreeCommitAndRestoreTogether) {
   EXPECT_EQ(m->shards.size(), static_cast<size_t>(kWorld));
 }
 
+TEST(CheckpointMultiRankTest, AStopRequestOnOneRankStopsEveryRankAfterTheSameStep) {
+  // SIGTERM reached rank 2 only, or every rank but at different step boundaries: each rank must
+  // still stop after one and the same step, so that their stop checkpoints are one checkpoint.
+  constexpr int kWorld = 3;
+  std::string dir = freshDir("stop");
+  auto channel = std::make_shared<LocalCommitChannel>();
+  std::vector<ManualClock> clocks(kWorld);
+  Barrier barrier(kWorld);
+  std::vector<int64_t> stopped_at(kWorld, -1);
+  std::vector<int> agreed_events(kWorld, 0);
+  auto rankMain = [&](int rank) {
+    Events ev;
+    CheckpointOptions o = opts(dir);
+    o.sync_steps = 2;
+    auto c = make(o, FileSystem::posix(), ev, clocks[rank], rankIdentity(rank, kWorld), channel);
+    State s(static_cast<uint32_t>(7 + rank));
+    for (int64_t step = 1; step <= 40; ++step) {
+      clocks[rank].advance(seconds(1));
+      if (c->stopAgreed()) {  // the loop's check at the top of a step
+        stopped_at[rank] = step;
+        auto r = c->save(step - 1, s.collect(step - 1));
+        EXPECT_TRUE(r.isOk() && *r == Checkpointer::Outcome::kStarted) << "rank " << rank;
+        break;
+      }
+      if (rank == 2 && step == 7) c->requestStop();
+      EXPECT_FALSE(rank != 2 && c->stopAgreed() && step < 7);
+      auto r = c->maybeSave(step, s.collect(step));
+      EXPECT_TRUE(r.isOk()) << r.status().toString();
+      barrier.arrive();
+    }
+    EXPECT_TRUE(c->waitIdle(seconds(30)).isOk());
+    agreed_events[rank] = ev.count("stop_agreed");
+  };
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kWorld; ++r) ranks.emplace_back(rankMain, r);
+  for (auto& t : ranks) t.join();
+  EXPECT_GT(stopped_at[0], 7);
+  EXPECT_LE(stopped_at[0], 7 + 2 * 2 + 1) << "within two decision points of the request";
+  for (int r = 1; r < kWorld; ++r) EXPECT_EQ(stopped_at[r], stopped_at[0]) << "rank " << r;
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(agreed_events[r], 1) << "rank " << r;
+  auto m = readManifest(FileSystem::posix(), joinPath(dir, checkpointDirName(stopped_at[0] - 1)));
+  ASSERT_TRUE(m.isOk()) << "the stop checkpoint of every rank is one committed checkpoint: " << m.status().toString();
+  EXPECT_EQ(m->shards.size(), static_cast<size_t>(kWorld));
+}
+
 }  // namespace
 }  // namespace trainsup

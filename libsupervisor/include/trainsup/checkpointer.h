@@ -80,6 +80,14 @@ class TRAINSUP_EXPORT Checkpointer {
   // when nothing is outstanding (always in blocking mode).
   Status awaitSnapshot();
   bool snapshotOutstanding() const;
+  // Preemption across ranks: this rank was asked to stop (SIGTERM). The request reaches rank 0
+  // through the channel at this rank's next save()/maybeSave(), and rank 0's next decision point
+  // tells every rank, so that all of them stop after the same step and their stop checkpoints
+  // are of one step. Training thread; idempotent. With one rank it is agreed at once.
+  void requestStop();
+  // Whether the ranks agreed to stop (from a decision point, the same step on every rank).
+  // Any thread.
+  bool stopAgreed() const;
   // Waits until no persist is in flight; returns that persist's error if it failed.
   Status waitIdle(Nanos timeout);
   // The first persist error since the last call, or OK.

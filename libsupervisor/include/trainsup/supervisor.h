@@ -26,7 +26,12 @@
 //   With StallAction::kWarn it only logs and dumps, once per stalled section.
 // - stopRequested() turns true after SIGTERM or SIGINT; a second signal of the same kind, 2 s
 //   or more after the first, kills the process the default way (one sooner is the same request
-//   delivered twice: a scheduler signals every process of the job and torchrun forwards it). SIGUSR1/SIGUSR2 are never touched. With telemetry, the
+//   delivered twice: a scheduler signals every process of the job and torchrun forwards it).
+//   With checkpoints across ranks (checkpointer() with world size > 1) the ranks first agree,
+//   at a checkpoint decision point (maybeCheckpoint/checkpoint, about every 5 s), so that every
+//   rank's stopRequested() turns true after one and the same step — also on ranks that were not
+//   signalled — and their stop checkpoints are one checkpoint; a loop that never reaches a
+//   decision point sees it 20 s after the signal anyway. SIGUSR1/SIGUSR2 are never touched. With telemetry, the
 //   watchdog's next tick also tells the coordinator that this rank is leaving on purpose, so
 //   that its peers' wait on it is a stopped_rank verdict, not a fault of its host.
 // - Any thread may call stopRequested(), log(), event(), addAbortCallback(), budgetFor().

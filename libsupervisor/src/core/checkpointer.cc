@@ -104,6 +104,10 @@ struct Checkpointer::Impl {
   int64_t last_snapshot_step = std::numeric_limits<int64_t>::min();  // saved or restored
   int64_t previous_save_seq = 0;  // writer thread (rank 0): whose keys to delete next
   int64_t restore_attempts = 0;   // training thread: restore() calls, the same on every rank
+  bool stop_local = false;        // training thread: requestStop() was called
+  bool stop_announced = false;    // training thread: ...and told rank 0 through the channel
+  std::atomic<bool> stop_agreed{false};
+  void announceStop();
 
   // Staging memory: written by the training thread while no persist is in flight, then read
   // by the writer thread until the persist ends (handed over under mu).
@@ -223,6 +227,25 @@ Checkpointer::~Checkpointer() {
   if (impl_->writer.joinable()) impl_->writer.join();
 }
 
+// A stop request of a rank other than 0 goes to rank 0 as a count under <base>/stop, read at its
+// decision points (a failure to say it leaves the stop to the supervisor's fallback).
+void Checkpointer::Impl::announceStop() {
+  if (!stop_local || stop_announced || identity.world_size <= 1 || identity.rank == 0) return;
+  stop_announced = true;
+  if (auto r = channel->add(key_base + "/stop", 1); !r) {
+    log(LogLevel::kWarn, "could not tell rank 0 that this rank was asked to stop: " + r.status().message());
+  }
+}
+
+void Checkpointer::requestStop() {
+  Impl& m = *impl_;
+  if (m.stop_local) return;
+  m.stop_local = true;
+  if (m.identity.world_size <= 1) m.stop_agreed.store(true);
+}
+
+bool Checkpointer::stopAgreed() const { return impl_->stop_agreed.load(); }
+
 // Decision points: rank 0 decides, the others read its decision. With one rank, no channel.
 Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool explicit_save) {
   const Nanos now = clock->monotonicNow();
@@ -248,8 +271,14 @@ Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool
       double target = options.interval_s > 0 ? std::min(kDecisionSpacingS, options.interval_s / 10) : kDecisionSpacingS;
       if (step_s > 0) sync_steps = static_cast<int>(std::clamp(std::floor(target / step_s), 1.0, 10000.0));
     }
+    // Stop when this rank, or any other (through the channel), was asked to.
+    bool stop = stop_local;
+    if (!stop) {
+      auto n = channel->add(key_base + "/stop", 0);
+      stop = n && *n > 0;
+    }
     value = std::string(a == Action::kSave ? "save" : a == Action::kSkip ? "skip" : "none") + " " +
-            std::to_string(sync_steps);
+            std::to_string(sync_steps) + (stop ? " stop" : "");
     if (Status s = channel->set(key, value); !s.isOk()) return s;
     if (seq > 2) channel->remove(key_base + "/decision/" + std::to_string(seq - 2));
   } else {
@@ -262,6 +291,10 @@ Result<Checkpointer::Impl::Action> Checkpointer::Impl::decide(int64_t step, bool
   size_t sp = value.find(' ');
   std::string word = value.substr(0, sp);
   if (sp != std::string::npos) sync_steps = std::max(1, std::atoi(value.c_str() + sp + 1));
+  if (value.find(" stop") != std::string::npos && !stop_agreed.exchange(true)) {
+    event("stop_agreed", {{"step", step}});
+    log(LogLevel::kWarn, "every rank stops after step " + std::to_string(step) + " (a rank was asked to stop)");
+  }
   if (word == "save") return Action::kSave;
   if (word == "skip") return Action::kSkip;
   return Action::kNone;
@@ -272,6 +305,7 @@ bool Checkpointer::snapshotOutstanding() const { return impl_->snapshot_outstand
 
 Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collect& collect) {
   Impl& m = *impl_;
+  m.announceStop();
   m.awaitSnapshot();  // a copy failure is reported by the persist (takeError)
   bool decision_point = m.identity.world_size == 1 || step >= m.next_decision_step ||
                         (m.options.every_steps > 0 && step > 0 && step % m.options.every_steps == 0);
@@ -296,6 +330,7 @@ Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collec
 
 Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& collect) {
   Impl& m = *impl_;
+  m.announceStop();
   m.awaitSnapshot();
   auto action = m.decide(step, /*explicit_save=*/true);
   if (!action) return action.status();

@@ -39,12 +39,11 @@ void onStopSignal(int sig) {
     raise(sig);
     return;
   }
+  const int64_t now = monotonicNs();
+  if (g_requested.load() == 0) g_first_ns.store(now);  // before the flag: readers see a time
   int expected = 0;
-  if (g_requested.compare_exchange_strong(expected, sig)) {
-    g_first_ns.store(monotonicNs());
-    return;
-  }
-  if (expected == sig && monotonicNs() - g_first_ns.load() >= g_window_ns.load()) {
+  if (g_requested.compare_exchange_strong(expected, sig)) return;
+  if (expected == sig && now - g_first_ns.load() >= g_window_ns.load()) {
     // Asked again, later: the user means it.
     signal(sig, SIG_DFL);
     raise(sig);
@@ -78,7 +77,11 @@ void uninstall() {
 }
 
 int requestedBy() { return g_requested.load(); }
-void reset() { g_requested.store(0); }
+int64_t requestedForNs() { return g_requested.load() == 0 ? 0 : monotonicNs() - g_first_ns.load(); }
+void reset() {
+  g_requested.store(0);
+  g_first_ns.store(0);
+}
 int64_t repeatWindowNs() { return g_window_ns.load(); }
 void setRepeatWindowNs(int64_t ns) { g_window_ns.store(ns); }
 

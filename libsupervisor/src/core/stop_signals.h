@@ -17,6 +17,7 @@ namespace stop_signals {
 bool install();
 void uninstall();
 int requestedBy();  // 0, SIGTERM or SIGINT; async-signal-safe read
+int64_t requestedForNs();  // how long ago the first signal came; 0 when none
 void reset();       // tests only
 int64_t repeatWindowNs();
 void setRepeatWindowNs(int64_t ns);  // tests only

@@ -29,6 +29,12 @@
 
 namespace trainsup {
 
+namespace {
+// A stop request across ranks that no checkpoint decision point confirmed takes effect after
+// this long anyway (decision points come about every 5 s; Slurm kills 30 s after its SIGTERM).
+constexpr double kStopAgreementFallbackS = 20.0;
+}  // namespace
+
 struct Supervisor::Impl {
   // Set in create(), then read-only.
   Config config;
@@ -46,6 +52,10 @@ struct Supervisor::Impl {
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
   bool first_step_seen = false;      // training thread only
   std::unique_ptr<Checkpointer> checkpointer;  // training thread only
+  // With checkpoints across ranks, a stop request takes effect when the ranks agreed on it (the
+  // same step everywhere); these mirror the checkpointer's state for stopRequested() callers.
+  std::atomic<bool> stop_needs_agreement{false};
+  std::atomic<bool> stop_agreed{false};
   std::unique_ptr<TelemetryClient> telemetry;  // set in create(); null when off
   std::atomic<bool> closed{false};
   int seen_stop_signal = 0;  // watchdog thread only (close() after the watchdog stopped)
@@ -470,7 +480,16 @@ Supervisor::Scope Supervisor::section(SectionId id) {
 
 void Supervisor::exitSection() { impl_->progress->exit(impl_->clock->monotonicNow()); }
 
-bool Supervisor::stopRequested() const { return impl_->owns_signals && stop_signals::requestedBy() != 0; }
+bool Supervisor::stopRequested() const {
+  // Across ranks: once they agreed to stop, every rank stops after that step, also one that was
+  // not signalled itself (SIGTERM reached another host only).
+  if (impl_->stop_agreed.load()) return true;
+  if (!impl_->owns_signals || stop_signals::requestedBy() == 0) return false;
+  // Signalled: at once with one rank; across ranks when they agree (above), or, for a loop that
+  // never reaches a checkpoint decision point, once kStopAgreementFallbackS have passed.
+  return !impl_->stop_needs_agreement.load() ||
+         stop_signals::requestedForNs() >= static_cast<int64_t>(kStopAgreementFallbackS * 1e9);
+}
 int Supervisor::stopSignal() const { return impl_->owns_signals ? stop_signals::requestedBy() : 0; }
 
 void Supervisor::addAbortCallback(std::string name, std::function<void(const StallReport&)> callback) {
@@ -550,6 +569,7 @@ Result<Checkpointer*> Supervisor::checkpointer(std::shared_ptr<CommitChannel> ch
                                 std::move(channel), std::move(hooks));
   if (!c) return c.status();
   m.checkpointer = std::move(*c);
+  m.stop_needs_agreement.store(m.config.identity.world_size > 1);
   return m.checkpointer.get();
 }
 
@@ -585,7 +605,11 @@ Result<Checkpointer::Outcome> Supervisor::saveCheckpointNow(int64_t step, const 
     meta[kBudgetsKey] = encodeBudgets(p);
     return s;
   };
-  return now ? impl_->checkpointer->save(step, with_budgets) : impl_->checkpointer->maybeSave(step, with_budgets);
+  Checkpointer& c = *impl_->checkpointer;
+  if (impl_->owns_signals && stop_signals::requestedBy() != 0) c.requestStop();
+  auto r = now ? c.save(step, with_budgets) : c.maybeSave(step, with_budgets);
+  impl_->stop_agreed.store(c.stopAgreed());
+  return r;
 }
 
 Status Supervisor::awaitSnapshot() {
