@@ -491,12 +491,29 @@ class Barrier {
   int n_, count_ = 0, gen_ = 0;
 };
 
+// `world` ranks as threads sharing one commit channel and checkpoint directory, each with its
+// own manual clock; `barrier` keeps them in step.
+struct RankThreads {
+  RankThreads(int world, const std::string& name) : world(world), dir(freshDir(name)), clocks(world), barrier(world) {}
+  void run(const std::function<void(int)>& rank_main) {
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < world; ++r) ranks.emplace_back(rank_main, r);
+    for (auto& t : ranks) t.join();
+  }
+  const int world;
+  const std::string dir;
+  std::shared_ptr<LocalCommitChannel> channel = std::make_shared<LocalCommitChannel>();
+  std::vector<ManualClock> clocks;
+  Barrier barrier;
+};
+
 TEST(CheckpointMultiRankTest, RanksAgreeCommitAndRestoreTogether) {
   constexpr int kWorld = 4;
-  std::string dir = freshDir("multirank");
-  auto channel = std::make_shared<LocalCommitChannel>();
-  std::vector<ManualClock> clocks(kWorld);
-  Barrier barrier(kWorld);
+  RankThreads job(kWorld, "multirank");
+  const std::string& dir = job.dir;
+  auto& channel = job.channel;
+  auto& clocks = job.clocks;
+  auto& barrier = job.barrier;
   std::vector<std::vector<int64_t>> saved(kWorld);
   FaultyFileSystem faulty;  // rank 2 fails its shard for step 30
   auto rankMain = [&](int rank) {
@@ -533,9 +550,7 @@ TEST(CheckpointMultiRankTest, RanksAgreeCommitAndRestoreTogether) {
       EXPECT_FALSE(std::filesystem::exists(joinPath(c->stepDir(30), kManifestName)));
     }
   };
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorld; ++r) ranks.emplace_back(rankMain, r);
-  for (auto& t : ranks) t.join();
+  job.run(rankMain);
   for (int r = 1; r < kWorld; ++r) EXPECT_EQ(saved[r], saved[0]) << "rank " << r << " saved other steps than rank 0";
   // Store keys do not pile up: old decisions and old saves are deleted as the job goes on
   // (what is left: the last two decisions, the last save, and the restore votes).
@@ -551,17 +566,15 @@ TEST(CheckpointMultiRankTest, AStopRequestOnOneRankStopsEveryRankAfterTheSameSte
   // SIGTERM reached rank 2 only, or every rank but at different step boundaries: each rank must
   // still stop after one and the same step, so that their stop checkpoints are one checkpoint.
   constexpr int kWorld = 3;
-  std::string dir = freshDir("stop");
-  auto channel = std::make_shared<LocalCommitChannel>();
-  std::vector<ManualClock> clocks(kWorld);
-  Barrier barrier(kWorld);
+  RankThreads job(kWorld, "stop");
+  auto& clocks = job.clocks;
   std::vector<int64_t> stopped_at(kWorld, -1);
   std::vector<int> agreed_events(kWorld, 0);
   auto rankMain = [&](int rank) {
     Events ev;
-    CheckpointOptions o = opts(dir);
+    CheckpointOptions o = opts(job.dir);
     o.sync_steps = 2;
-    auto c = make(o, FileSystem::posix(), ev, clocks[rank], rankIdentity(rank, kWorld), channel);
+    auto c = make(o, FileSystem::posix(), ev, clocks[rank], rankIdentity(rank, kWorld), job.channel);
     State s(static_cast<uint32_t>(7 + rank));
     for (int64_t step = 1; step <= 40; ++step) {
       clocks[rank].advance(seconds(1));
@@ -575,19 +588,17 @@ TEST(CheckpointMultiRankTest, AStopRequestOnOneRankStopsEveryRankAfterTheSameSte
       EXPECT_FALSE(rank != 2 && c->stopAgreed() && step < 7);
       auto r = c->maybeSave(step, s.collect(step));
       EXPECT_TRUE(r.isOk()) << r.status().toString();
-      barrier.arrive();
+      job.barrier.arrive();
     }
     EXPECT_TRUE(c->waitIdle(seconds(30)).isOk());
     agreed_events[rank] = ev.count("stop_agreed");
   };
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kWorld; ++r) ranks.emplace_back(rankMain, r);
-  for (auto& t : ranks) t.join();
+  job.run(rankMain);
   EXPECT_GT(stopped_at[0], 7);
   EXPECT_LE(stopped_at[0], 7 + 2 * 2 + 1) << "within two decision points of the request";
   for (int r = 1; r < kWorld; ++r) EXPECT_EQ(stopped_at[r], stopped_at[0]) << "rank " << r;
   for (int r = 0; r < kWorld; ++r) EXPECT_EQ(agreed_events[r], 1) << "rank " << r;
-  auto m = readManifest(FileSystem::posix(), joinPath(dir, checkpointDirName(stopped_at[0] - 1)));
+  auto m = readManifest(FileSystem::posix(), joinPath(job.dir, checkpointDirName(stopped_at[0] - 1)));
   ASSERT_TRUE(m.isOk()) << "the stop checkpoint of every rank is one committed checkpoint: " << m.status().toString();
   EXPECT_EQ(m->shards.size(), static_cast<size_t>(kWorld));
 }

@@ -163,12 +163,6 @@ def _node(desc):
     return dr._NodeDesc(str(desc[0]), int(desc[1]), int(desc[2]))
 
 
-def has_joined(handler, descs):
-    """Whether every node in `descs` (node_desc() lists) is a participant of the round being formed."""
-    st = current_state(handler)
-    return not st.complete and all(_node(d) in st.participants for d in descs)
-
-
 def expedite(handler, required=()):
     """Ends the last-call wait of the round being formed: torch waits last_call_timeout (30 s)
     for more nodes once MIN have joined; when every node that can come has come, that is time

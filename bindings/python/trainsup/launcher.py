@@ -94,6 +94,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.quarantine = Quarantine(settings["quarantine_dir"], self.store)
         self.services = None
         self.round = None
+        self._world = 0  # group world of self.round
         self._handled_verdicts = set()
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, name="trainsup-agent-watch", daemon=True)
@@ -203,17 +204,15 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         return result
 
     # --- policies ---
-    def _expected_back(self):
-        """The nodes (node_desc() lists) that can come back after the round we were in: its
-        hosts' current agents, less those that left, were lost or are quarantined (None before
-        the first round, or when one of them is not known)."""
-        if self.round is None:
-            return None
+    def _expected_back(self, hosts):
+        """The nodes (node_desc() lists) that can come back of `hosts` (the round we were in):
+        their current agents, less those that left, were lost or are quarantined (None when one
+        of them is not known)."""
         nodes = []
-        for h in self.liveness.hosts_of_round(self.round, getattr(self, "_world", 0)):
-            if self.liveness.is_gone(h) or self.quarantine.get(h) is not None:
+        for h in hosts:
+            node, gone = self.liveness.current_node(h)
+            if gone or self.quarantine.get(h) is not None:
                 continue
-            node = self.liveness.node_of(h)
             if node is None:
                 return None
             nodes.append(node)
@@ -226,20 +225,22 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         done = threading.Event()
         if self.round is None:
             return done
+        rnd, world = self.round, self._world
 
         def watch():
+            hosts = None  # the last round's hosts: read once, when first needed
             while not done.wait(0.5):
                 try:
                     forming = compat.forming_round(self.inner)
-                    expected = self._expected_back()
-                    if forming is None or expected is None:
-                        continue
-                    joined, last_call = forming
+                    if forming is None or not forming[1] or forming[0] < compat.min_nodes(self.inner):
+                        continue  # no last call under way: nothing to end
+                    hosts = hosts if hosts is not None else self.liveness.hosts_of_round(rnd, world)
+                    expected = self._expected_back(hosts)
                     # Every node that can come back has joined (by identity, not by count: a
-                    # spare or a newcomer is no stand-in for a survivor still on its way).
-                    if last_call and joined >= compat.min_nodes(self.inner) and \
-                            compat.has_joined(self.inner, expected) and compat.expedite(self.inner, expected):
-                        self.events.write("rendezvous_expedited", joined=joined, expected=len(expected))
+                    # spare or a newcomer is no stand-in for a survivor still on its way);
+                    # expedite() checks that on the state it writes.
+                    if expected is not None and compat.expedite(self.inner, expected):
+                        self.events.write("rendezvous_expedited", joined=forming[0], expected=len(expected))
                         return
                 except Exception as e:  # torch's own deadline still ends the wait
                     self.events.write("rendezvous_expedite_failed", error=str(e))

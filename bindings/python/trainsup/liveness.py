@@ -78,15 +78,13 @@ class HostLiveness:
                 hosts.append(host)
         return hosts
 
-    def node_of(self, host):
-        """The host's current agent's node in torch's rendezvous ([fqdn, pid, local_id]), or None."""
+    def current_node(self, host):
+        """(node, gone) of the host's current agent: its node in torch's rendezvous
+        ([fqdn, pid, local_id], None when unknown), and whether it left on purpose or was
+        reported lost."""
         text = peek(self.store, self._key(host, "node"))
-        return json.loads(text) if text else None
-
-    def is_gone(self, host):
-        """Whether the host's current agent left on purpose or was reported lost."""
-        node = peek(self.store, self._key(host, "node"))
-        return (host, node) in self._lost or (node is not None and peek(self.store, self._key(host, "left")) == node)
+        gone = (host, text) in self._lost or (text is not None and peek(self.store, self._key(host, "left")) == text)
+        return (json.loads(text) if text else None), gone
 
     def left(self):
         """This agent ends on purpose: nobody should report it lost."""

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -90,6 +91,8 @@ struct WireMessage {
 };
 
 inline constexpr uint32_t kMaxPayload = 1u << 20;
+// Senders split long queues into frames of at most this many records (all under kMaxPayload).
+inline constexpr size_t kRecordsPerFrame = 4096;
 
 TRAINSUP_EXPORT std::string encodeFrame(const WireMessage& message, const JobToken& token);
 

@@ -19,7 +19,6 @@ using asio::ip::tcp;
 using local = asio::local::stream_protocol;
 
 namespace {
-constexpr size_t kRecordsPerFrame = 4096;
 
 // Moves every record of `queue` into frames of at most kRecordsPerFrame records of `type`
 // (whose records live in `field` of WireMessage), appended to `out`; returns the record count.

@@ -22,7 +22,7 @@ struct sigaction g_old_int;        // guarded by g_mu
 
 std::atomic<pid_t> g_owner{0};
 std::atomic<int64_t> g_first_ns{0};                // when the first signal came (CLOCK_MONOTONIC)
-std::atomic<int64_t> g_window_ns{2'000'000'000};  // a repeat within this is the same request
+constexpr int64_t kRepeatWindowNs = 2'000'000'000;  // a repeat within this is the same request
 static_assert(std::atomic<int64_t>::is_always_lock_free, "the handler needs lock-free timestamps");
 
 int64_t monotonicNs() {  // clock_gettime is async-signal-safe
@@ -43,7 +43,7 @@ void onStopSignal(int sig) {
   if (g_requested.load() == 0) g_first_ns.store(now);  // before the flag: readers see a time
   int expected = 0;
   if (g_requested.compare_exchange_strong(expected, sig)) return;
-  if (expected == sig && now - g_first_ns.load() >= g_window_ns.load()) {
+  if (expected == sig && now - g_first_ns.load() >= kRepeatWindowNs) {
     // Asked again, later: the user means it.
     signal(sig, SIG_DFL);
     raise(sig);
@@ -82,8 +82,6 @@ void reset() {
   g_requested.store(0);
   g_first_ns.store(0);
 }
-int64_t repeatWindowNs() { return g_window_ns.load(); }
-void setRepeatWindowNs(int64_t ns) { g_window_ns.store(ns); }
 
 }  // namespace stop_signals
 }  // namespace trainsup

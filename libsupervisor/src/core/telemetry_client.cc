@@ -131,13 +131,13 @@ bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
   return true;
 }
 
-// The queued collective records, in frames of at most 4096; what could not be sent stays
+// The queued collective records, in frames of at most kRecordsPerFrame; what could not be sent stays
 // queued (bounded by pump()).
 bool TelemetryClient::Impl::sendPending() {
   while (!pending.empty()) {
     WireMessage m;
     m.type = WireType::kCollectives;
-    size_t n = std::min<size_t>(pending.size(), 4096);
+    size_t n = std::min(pending.size(), kRecordsPerFrame);
     m.collectives.assign(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));
     if (!sendFrame(m)) return false;
     pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(n));

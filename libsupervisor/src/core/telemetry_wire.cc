@@ -16,6 +16,7 @@ constexpr size_t kStallSize = 4 + 8 + 32;
 constexpr size_t kAbortSize = 4 + 24 + 64;
 constexpr size_t kHelloSize = 4 + 4 + 64 + 64;
 constexpr size_t kGoneSize = 4 + 4;
+static_assert(kRecordsPerFrame * kHelloSize + kHeader < kMaxPayload, "a frame of the largest records must fit");
 
 // Copies a NUL-padded text field and guarantees its termination.
 template <size_t N>
