@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Configures and builds trainsup into ${TRAINSUP_BUILD_DIR:-build}. Extra arguments go to cmake.
-# Always uses /usr/bin/python3 for the bindings (a pyenv `python3` on PATH has no torch).
+# Configures and builds trainsup into ${TRAINSUP_BUILD_DIR:-build} with the project's virtual
+# environment (scripts/install-deps.sh makes it): its python, torch, pybind11, cmake and ninja.
+# Extra arguments go to cmake's configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+venv=${TRAINSUP_VENV:-$PWD/.venv}
 build_dir=${TRAINSUP_BUILD_DIR:-build}
-cmake -S . -B "$build_dir" -DPython_EXECUTABLE=/usr/bin/python3 "$@"
-cmake --build "$build_dir" -j"$(nproc)"
+if [[ ! -x $venv/bin/python ]]; then
+  echo "build: no virtual environment at $venv; run scripts/install-deps.sh first" >&2
+  exit 1
+fi
+"$venv/bin/cmake" -S . -B "$build_dir" -G Ninja -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
+  -DPython_EXECUTABLE="$venv/bin/python" "$@"
+"$venv/bin/cmake" --build "$build_dir" -j"$(nproc)"

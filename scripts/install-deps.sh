@@ -1,35 +1,52 @@
 #!/usr/bin/env bash
-# Installs, with apt, the Debian packages trainsup needs to build, test and run its demo.
-# Idempotent: installs only what is missing, and runs `apt-get update` only then.
+# Installs what trainsup needs to build, test and run its demo, idempotently:
+#   1. Debian packages with apt (only the missing ones; `apt-get update` only then);
+#   2. a virtual environment, ${TRAINSUP_VENV:-.venv} in the repository, with the packages of
+#      requirements-dev.txt from PyPI (torch 2.13.0 CPU, pytest, ...); pip runs only when that
+#      file changed since the last install.
 # Runs as root (or with sudo available). CUDA is optional and not installed here: the build
-# uses /usr/local/cuda when it exists.
+# uses /usr/local/cuda when it exists. Prints the venv's python path as its last line.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 packages=(
-  build-essential cmake pkg-config        # toolchain
+  build-essential pkg-config              # toolchain (cmake and ninja come from PyPI)
   libspdlog-dev libfmt-dev                # logs (spdlog)
   nlohmann-json3-dev                      # event log, checkpoint index (JSON)
   libxxhash-dev                           # checkpoint checksums (XXH3)
   libboost-dev                            # Boost.Asio: telemetry to the job coordinator
   libgtest-dev libgmock-dev               # C++ tests
   libcli11-dev                            # example trainer flags
-  libtorch-dev libgloo-dev                # libtorch for the example trainer and torch layer
-  python3 python3-dev pybind11-dev        # Python bindings
-  python3-torch python3-numpy python3-pytest python3-yaml   # yaml: the Kubernetes example check
-  etcd-server python3-etcd                # the etcd-v2 rendezvous: a store that outlives any host
+  python3 python3-dev python3-venv        # the interpreter the venv is made from
+  etcd-server                             # the etcd-v2 rendezvous: a store that outlives any host
 )
-
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ((${#missing[@]} == 0)); then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
+if ((${#missing[@]})); then
+  echo "install-deps: installing ${missing[*]}" >&2
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q >&2
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+else
+  echo "install-deps: all ${#packages[@]} Debian packages present" >&2
 fi
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# The venv is made from the python3 on PATH (CPython 3.11 here: the torch wheel's ABI).
+venv=${TRAINSUP_VENV:-$PWD/.venv}
+if [[ ! -x $venv/bin/python ]]; then
+  echo "install-deps: creating the virtual environment $venv" >&2
+  python3 -m venv "$venv" >&2
+fi
+stamp=$venv/.trainsup-requirements
+if ! cmp -s requirements-dev.txt "$stamp"; then
+  echo "install-deps: pip install -r requirements-dev.txt into $venv" >&2
+  "$venv/bin/python" -m pip install -q -r requirements-dev.txt >&2
+  cp requirements-dev.txt "$stamp"
+else
+  echo "install-deps: $venv is up to date with requirements-dev.txt" >&2
+fi
+echo "$venv/bin/python"

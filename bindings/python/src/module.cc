@@ -19,6 +19,7 @@
 
 #include "trainsup/checkpointer.h"
 #include "trainsup/collective_tracker.h"
+#include "trainsup/completion_watcher.h"
 #include "trainsup/config.h"
 #include "trainsup/coordinator.h"
 #include "trainsup/exit_codes.h"
@@ -493,8 +494,13 @@ PYBIND11_MODULE(_trainsup, m) {
     d["issued"] = st.issued;
     d["completed"] = st.completed;
     d["failed"] = st.failed;
+    d["untracked"] = st.untracked;
+    d["pending"] = st.issued - st.completed - st.untracked;
     return d;
   });
+  m.def("stop_completion_watcher", [] { CompletionWatcher::global().stop(); },
+        py::call_guard<py::gil_scoped_release>(),
+        "Stops polling collectives for completion (at interpreter exit); records in flight stay pending.");
   m.def("recent_collectives", [](size_t n) {
     py::list out;
     for (const auto& r : CollectiveTracker::global().recent(n)) {

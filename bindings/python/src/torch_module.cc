@@ -1,31 +1,39 @@
-// _trainsup_torch: the process-group wrapper for Python (torch-version-specific; built against
-// the installed torch and linked with torch_python so that torch.distributed's ProcessGroup
-// objects convert to c10d::ProcessGroup here). Import torch.distributed before this module.
+// _trainsup_torch: trainsup's c10d Backend wrapper for Python (torch-version-specific). Built
+// against the torch of the environment and with torch's own pybind11 headers, linked with
+// torch_python, so that torch.distributed's ProcessGroup and Backend objects convert here.
+// Import torch.distributed before this module.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include <string>
 #include <vector>
 
-#include "trainsup/tracking_process_group.h"
+#include "trainsup/tracking_backend.h"
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(_trainsup_torch, m) {
-  m.doc() = "trainsup's c10d process-group wrapper that feeds the collective tracker";
-  py::module::import("torch.distributed");  // registers c10d::ProcessGroup with pybind11
-  py::class_<trainsup::TrackingProcessGroup, c10d::ProcessGroup, c10::intrusive_ptr<trainsup::TrackingProcessGroup>>(
-      m, "TrackingProcessGroup")
-      .def(py::init([](const c10::intrusive_ptr<c10d::ProcessGroup>& inner) {
-             return c10::make_intrusive<trainsup::TrackingProcessGroup>(inner);
-           }),
-           py::arg("inner"))
-      .def_property_readonly("inner", &trainsup::TrackingProcessGroup::inner);
-  // Store.compare_set of torch 1.13's Python binding builds its bytes result with the GIL
-  // released, which corrupts the interpreter when other Python threads run (seen as
-  // segfaults in the launcher's agents). This one holds the GIL for everything Python.
+  m.doc() = "trainsup's c10d Backend wrapper that feeds the collective tracker";
+  m.attr("BUILT_WITH_TORCH") = TORCH_VERSION;
+  py::module::import("torch.distributed");  // registers c10d::ProcessGroup and Backend with pybind11
+  py::class_<trainsup::TrackingBackend, c10d::Backend, c10::intrusive_ptr<trainsup::TrackingBackend>>(
+      m, "TrackingBackend",
+      "A c10d Backend in front of the real one; every collective is recorded in the tracker")
+      .def_property_readonly("inner", &trainsup::TrackingBackend::inner,
+                             "the real backend (ProcessGroupGloo, ProcessGroupNCCL, ...)");
+  m.def(
+      "track_process_group",
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) { return trainsup::trackProcessGroup(*group); },
+      py::arg("group"),
+      "Puts the tracking wrapper in front of each device type's backend of `group`; returns how "
+      "many it wrapped now (0 when already tracked).");
+  // Store.compare_set of some torch versions' Python binding builds its bytes result with the
+  // GIL released, which corrupts the interpreter when other Python threads run (seen as
+  // segfaults in the launcher's agents on torch 1.13). This one holds the GIL for everything
+  // Python.
   m.def(
       "store_compare_set",
       [](const c10::intrusive_ptr<c10d::Store>& store, const std::string& key, const std::string& expected,

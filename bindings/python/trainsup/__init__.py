@@ -19,10 +19,15 @@ import functools
 import warnings
 import weakref
 
-from . import _trainsup
-from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint
-from .distributed import collective_stats, init_process_group, recent_collectives
-from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,
+from ._build_info import check_torch as _check_torch
+
+_check_torch()  # before any extension built against torch is loaded
+
+from . import _trainsup  # noqa: E402
+from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint  # noqa: E402
+from .distributed import (collective_stats, init_process_group, inner_backend,  # noqa: E402
+                          recent_collectives, track_process_group)
+from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,  # noqa: E402
                         EXIT_WATCHDOG_UNRESPONSIVE)
 
 __version__ = _trainsup.__version__
@@ -217,7 +222,6 @@ class Supervisor:
 _live = weakref.WeakSet()
 
 
-@atexit.register
 def _nccl_initialized():
     import sys
     dist = sys.modules.get("torch.distributed")
@@ -243,6 +247,9 @@ def _abort_torch_distributed(section, step):
         pg._get_backend(torch.device("cuda")).abort()
 
 
+@atexit.register
 def _close_all():
     for sup in list(_live):
         sup.close()
+    # No collective-completion polling while the interpreter and torch are torn down.
+    _trainsup.stop_completion_watcher()

@@ -1,34 +1,24 @@
 """torch.distributed with trainsup's collective tracker in the path of every collective.
 
-``trainsup.init_process_group(backend="gloo", **kwargs)`` works like
-``torch.distributed.init_process_group`` but registers a backend ``trainsup_<backend>`` whose
-process group is a C++ ``TrackingProcessGroup`` wrapping the real gloo (or NCCL) group. Every
-collective of the default group — explicit ``dist.all_reduce`` calls and the bucketed
-all-reduces that DistributedDataParallel issues from C++ autograd hooks alike — passes through
-the wrapper, which records sequence number, op, bytes, and enter and exit times in the
-process-wide CollectiveTracker, then forwards the call unchanged.
+``trainsup.init_process_group(backend="gloo", **kwargs)`` calls
+``torch.distributed.init_process_group`` with the same arguments, then puts a C++
+``TrackingBackend`` in front of the default group's backend for each of its device types.
+Every collective that group dispatches — explicit ``dist.all_reduce`` calls, the bucketed
+all-reduces DistributedDataParallel issues from C++ autograd hooks, FSDP's all-gathers and
+reduce-scatters — passes through the wrapper, which records sequence number, op, bytes and the
+enter time in the process-wide CollectiveTracker, forwards the call unchanged, and has the work
+polled until it has really finished (``Work.isCompleted()``: CUDA events for NCCL), so a
+collective that hangs on the GPU stays in flight.
+
+The job is otherwise unchanged: ``dist.get_backend()`` says ``gloo`` or ``nccl``,
+``monitored_barrier``, ``new_group`` (its subgroups are not tracked: detection follows the
+default group's sequence), DDP, FSDP and ``torch.distributed.checkpoint`` work as without
+trainsup. One visible difference: ``group._get_backend(device)`` returns the wrapper;
+``inner_backend()`` gives the real one.
 """
 import torch.distributed as dist
 
 from . import _trainsup
-
-_registered = set()
-
-
-def _creator(backend):
-    from . import _trainsup_torch
-
-    def create(store, rank, size, timeout):
-        if backend == "gloo":
-            inner = dist.ProcessGroupGloo(store, rank, size, timeout)
-        elif backend == "nccl":
-            opts = dist.ProcessGroupNCCL.Options()
-            opts._timeout = timeout
-            inner = dist.ProcessGroupNCCL(store, rank, size, opts)
-        else:
-            raise ValueError(f"trainsup.init_process_group: backend {backend!r} is not supported (gloo, nccl)")
-        return _trainsup_torch.TrackingProcessGroup(inner)
-    return create
 
 
 def tracking_available():
@@ -39,22 +29,33 @@ def tracking_available():
         return False
 
 
-def init_process_group(backend="gloo", **kwargs):
-    """Initializes torch.distributed like dist.init_process_group, with the collective tracker.
-    Without the tracking module (a torch version it was not built for) it warns and initializes
-    the plain backend."""
-    backend = str(backend).lower()
+def track_process_group(group=None):
+    """Puts the tracking wrapper in front of `group`'s backends (default: the default group).
+    Returns how many device types it wrapped now; 0 when the group was tracked already."""
+    from . import _trainsup_torch
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    return _trainsup_torch.track_process_group(group)
+
+
+def inner_backend(group=None, device="cpu"):
+    """The real backend (ProcessGroupGloo, ProcessGroupNCCL, ...) of `group` for `device`,
+    behind trainsup's wrapper if there is one."""
+    import torch
+    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = group._get_backend(torch.device(device))
+    return getattr(backend, "inner", backend)
+
+
+def init_process_group(backend=None, **kwargs):
+    """Initializes torch.distributed like dist.init_process_group (same arguments, same
+    result), with every collective of the default group tracked."""
     if not tracking_available():
-        import warnings
-        warnings.warn("trainsup: collective tracking is not available for this torch build; "
-                      "initializing the plain backend", RuntimeWarning)
-        return dist.init_process_group(backend=backend, **kwargs)
-    name = f"trainsup_{backend}"
-    if name not in _registered:
-        dist.Backend.register_backend(name, _creator(backend))
-        _registered.add(name)
-    result = dist.init_process_group(backend=name, **kwargs)
-    if backend == "nccl":
+        raise ImportError("trainsup.init_process_group: the _trainsup_torch extension is missing from "
+                          "this build (built without torch?); reinstall trainsup into an environment "
+                          "that has torch: pip install --no-build-isolation trainsup")
+    result = dist.init_process_group(backend=backend, **kwargs)
+    track_process_group()
+    if "nccl" in str(dist.get_backend()).lower():
         # Supervisors created before the process group: abort it on their abort paths too.
         from . import _live, _abort_torch_distributed
         for sup in list(_live):

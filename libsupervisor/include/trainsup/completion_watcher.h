@@ -1,0 +1,87 @@
+// trainsup/completion_watcher.h — ends a collective's record when its work has really finished,
+// read from the work itself, not from a callback that may fire when it is merely enqueued.
+//
+// Why: NCCL marks a work's future complete as soon as the collective is enqueued on the stream,
+// so a completion callback cannot show a collective that hangs on the GPU (the fault of the
+// incidents). Like ProcessGroupNCCL's own watchdog, a thread polls each pending work's
+// isCompleted() (CUDA event queries for NCCL; a flag for gloo) and records the exit time when it
+// turns true. A collective that never finishes on the device stays pending in the tracker, which
+// is what hang detection needs.
+//
+// Contract: watch() is called by whoever issued the collective (training thread, DDP's autograd
+// hooks), right after CollectiveTracker::begin(); `poll` is then called only from the watcher's
+// thread until it reports an outcome, and released after that. nudge() (any thread, e.g. from a
+// future callback) asks for a poll now instead of at the next interval: for backends whose
+// callbacks fire at true completion (gloo) the exit time is then exact, and for the others it
+// costs one extra poll. While nothing is pending the thread sleeps on a condition variable;
+// while works are pending it polls every `interval` (default 1 ms, the resolution of exit times
+// of works that complete without a nudge). Cost per collective: one vector push under a mutex
+// plus one poll per interval while it is in flight.
+//
+// global() is the process-wide instance the torch layer uses; its thread starts on the first
+// watch(). stop() joins it (idempotent; pending records stay pending). Tests construct their
+// own with start_thread = false and drive pollOnce() themselves.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "trainsup/collective_tracker.h"
+#include "trainsup/export.h"
+
+namespace trainsup {
+
+class TRAINSUP_EXPORT CompletionWatcher {
+ public:
+  // nullopt while the work runs; true when it finished well, false when it failed.
+  using Poll = std::function<std::optional<bool>()>;
+  static constexpr std::chrono::microseconds kDefaultInterval{1000};
+
+  explicit CompletionWatcher(CollectiveTracker& tracker,
+                             std::chrono::microseconds interval = kDefaultInterval,
+                             bool start_thread = true);
+  ~CompletionWatcher();
+  CompletionWatcher(const CompletionWatcher&) = delete;
+  CompletionWatcher& operator=(const CompletionWatcher&) = delete;
+
+  static CompletionWatcher& global();  // feeds CollectiveTracker::global(); never destroyed
+
+  void watch(uint64_t seq, Poll poll);
+  void nudge();
+  // One round over the pending works, on the caller's thread; returns how many it ended.
+  // For tests of a watcher built with start_thread = false.
+  size_t pollOnce();
+  size_t pending() const;
+  void stop();
+
+ private:
+  struct Entry {
+    uint64_t seq;
+    Poll poll;
+  };
+  void run();
+  void ensureThreadLocked();
+
+  CollectiveTracker& tracker_;               // set at construction
+  const std::chrono::microseconds interval_;  // set at construction
+  const bool threaded_;                       // set at construction
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Entry> incoming_;  // guarded by mu_: watched, not yet taken by a poll round
+  bool nudged_ = false;          // guarded by mu_
+  bool stopping_ = false;        // guarded by mu_
+  size_t polling_ = 0;           // guarded by mu_: entries held by the polling side
+  std::thread thread_;           // started under mu_ on the first watch()
+
+  std::mutex poll_mu_;           // serializes poll rounds (thread and pollOnce)
+  std::vector<Entry> active_;    // guarded by poll_mu_
+};
+
+}  // namespace trainsup

@@ -1,0 +1,145 @@
+// trainsup/tracking_backend.h — a c10d Backend that wraps another one (gloo, NCCL) and reports
+// every collective to the CollectiveTracker: op, bytes, enter time, and the exit time read from
+// the work itself (CompletionWatcher), so that a collective still running on the device stays in
+// flight in the tracker.
+//
+// Contract: each collective call records begin() with the total bytes of its tensors, forwards
+// to the wrapped backend unchanged and returns its work unchanged; the work is then polled
+// (Work::isCompleted(), exception()) until it finishes. Between startCoalescing() and
+// endCoalescing() the calls are one record (what the backend launches as one group), ended by
+// the coalesced work. Anything that is not a collective (options, timeouts, splitting, error
+// state, memory) is forwarded. Thread-safe as c10d backends are. Torch-version-specific: written
+// against torch 2.x's c10d::Backend (torch >= 2.9; the virtuals added since are forwarded
+// where the installed torch has them, TRAINSUP_TORCH_AT_LEAST below).
+//
+// trackProcessGroup() puts a wrapper in front of a process group's backend for each of its
+// device types, so that everything dispatched through ProcessGroup::getBackend(device) —
+// dist.all_reduce, DDP's bucketed all-reduces, FSDP's all-gathers and reduce-scatters,
+// functional collectives — is tracked, while the group keeps its name and backend type:
+// dist.get_backend() still says "gloo" or "nccl", monitored_barrier, abort and shutdown reach
+// the real backend directly (never twice). What changes: group._get_backend(device) returns the
+// wrapper (a plain c10d Backend to Python); inner() is the real one. Idempotent per group.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/version.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "trainsup/collective_tracker.h"
+#include "trainsup/completion_watcher.h"
+
+#define TRAINSUP_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+namespace trainsup {
+
+class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
+ public:
+  explicit TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner,
+                           CollectiveTracker& tracker = CollectiveTracker::global(),
+                           CompletionWatcher& watcher = CompletionWatcher::global());
+
+  const c10::intrusive_ptr<c10d::Backend>& inner() const { return inner_; }
+
+  // --- forwarded as they are ---
+  const std::string getBackendName() const override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  bool supportsSplitting() const override;
+  bool supportsCoalescing() const override;
+  bool supportsTimeEstimation() const override;
+#if TRAINSUP_TORCH_AT_LEAST(2, 10)
+  bool supportsShrinking() const override;
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<Options>& opts_override) override;
+  void setGroupUid(const std::string& pg_uid) override;
+#endif
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) override;
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+  void registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
+  void waitForPendingWorks() override;
+  void enableCollectivesTiming() override;
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<c10d::Backend> merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const c10::intrusive_ptr<Options>& opts, const int& rank,
+                                          const int& size) override;
+  void eagerConnectSingleDevice(at::Device device) override;
+  c10d::ErrorType getError() override;
+  std::shared_ptr<c10::Allocator> getMemAllocator() override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options) override;
+  bool supportsTensorAlloc(c10::DeviceIndex device_idx) override;
+  void abort() override;
+  void shutdown() override;
+#if TRAINSUP_TORCH_AT_LEAST(2, 13)
+  void suspend() override;
+  void resume() override;
+  std::unordered_map<std::string, uint64_t> getMemoryStats() override;
+#endif
+
+  // --- collectives: tracked ---
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& t,
+                                                     const c10d::AllreduceCoalescedOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                                           const c10d::AllgatherOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in, const c10d::AllgatherOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& out,
+                                                     std::vector<at::Tensor>& in, const c10d::AllgatherOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                                                 const c10d::AllgatherOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& out, std::vector<at::Tensor>& in,
+                                        const c10d::GatherOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                                         const c10d::ScatterOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& out, std::vector<std::vector<at::Tensor>>& in,
+                                                const c10d::ReduceScatterOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                                      const c10d::ReduceScatterOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                                                 const c10d::ReduceScatterOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
+                                               std::vector<int64_t>& in_splits, const c10d::AllToAllOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                          const c10d::AllToAllOptions& o) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& t, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& t, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& t, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& o) override;
+
+ private:
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> track(CollectiveOp op, uint64_t bytes, F&& call);
+  void watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
+
+  const c10::intrusive_ptr<c10d::Backend> inner_;  // set at construction
+  CollectiveTracker& tracker_;
+  CompletionWatcher& watcher_;
+  std::mutex coalescing_mu_;
+  bool coalescing_ = false;         // guarded by coalescing_mu_
+  uint64_t coalesced_bytes_ = 0;    // guarded by coalescing_mu_
+  CollectiveOp coalesced_op_ = CollectiveOp::kOther;  // guarded by coalescing_mu_
+  int coalesced_ops_ = 0;           // guarded by coalescing_mu_
+};
+
+// Wraps the backend of each device type of `group` in a TrackingBackend (one wrapper per
+// distinct backend object). Returns how many device types it wrapped now (0 when the group was
+// tracked already).
+TRAINSUP_EXPORT int trackProcessGroup(c10d::ProcessGroup& group,
+                                      CollectiveTracker& tracker = CollectiveTracker::global(),
+                                      CompletionWatcher& watcher = CompletionWatcher::global());
+
+// Polls a c10d work for the CompletionWatcher: nullopt while it runs, else whether it succeeded.
+// Separate so that tests can check it with works whose completion they control.
+TRAINSUP_EXPORT std::optional<bool> pollWork(c10d::Work& work);
+
+}  // namespace trainsup

@@ -1,0 +1,105 @@
+#include "trainsup/completion_watcher.h"
+
+#include <exception>
+#include <utility>
+
+namespace trainsup {
+
+CompletionWatcher::CompletionWatcher(CollectiveTracker& tracker, std::chrono::microseconds interval,
+                                     bool start_thread)
+    : tracker_(tracker), interval_(interval), threaded_(start_thread) {}
+
+CompletionWatcher::~CompletionWatcher() { stop(); }
+
+CompletionWatcher& CompletionWatcher::global() {
+  // Never destroyed: works may still be polled while static destructors run.
+  static CompletionWatcher* w = new CompletionWatcher(CollectiveTracker::global());
+  return *w;
+}
+
+void CompletionWatcher::ensureThreadLocked() {
+  if (threaded_ && !thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
+}
+
+void CompletionWatcher::watch(uint64_t seq, Poll poll) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming_.push_back(Entry{seq, std::move(poll)});
+    ensureThreadLocked();
+  }
+  cv_.notify_one();
+}
+
+void CompletionWatcher::nudge() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    nudged_ = true;
+  }
+  cv_.notify_one();
+}
+
+size_t CompletionWatcher::pollOnce() {
+  std::lock_guard<std::mutex> poll_lock(poll_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : incoming_) active_.push_back(std::move(e));
+    incoming_.clear();
+    nudged_ = false;
+  }
+  size_t ended = 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    std::optional<bool> outcome;
+    try {
+      outcome = active_[i].poll();
+    } catch (const std::exception&) {
+      outcome = false;  // a work that cannot even say whether it finished has failed
+    }
+    if (outcome) {
+      tracker_.end(active_[i].seq, *outcome);
+      ++ended;
+    } else {
+      if (kept != i) active_[kept] = std::move(active_[i]);
+      ++kept;
+    }
+  }
+  active_.resize(kept);  // ended entries (and the works they hold) are released here
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    polling_ = kept;
+  }
+  return ended;
+}
+
+size_t CompletionWatcher::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return incoming_.size() + polling_;
+}
+
+void CompletionWatcher::run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    if (incoming_.empty() && polling_ == 0) {
+      cv_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+    } else {
+      cv_.wait_for(lock, interval_, [&] { return stopping_ || nudged_; });
+    }
+    if (stopping_) break;
+    lock.unlock();
+    pollOnce();
+    lock.lock();
+  }
+}
+
+void CompletionWatcher::stop() {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    t = std::move(thread_);
+  }
+  cv_.notify_all();
+  if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+}
+
+}  // namespace trainsup

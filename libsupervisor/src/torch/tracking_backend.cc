@@ -1,0 +1,277 @@
+// The torch-version-specific adapter: c10d::Backend as torch 2.x defines it.
+#include "trainsup/tracking_backend.h"
+
+#include <unordered_map>
+
+namespace trainsup {
+namespace {
+
+uint64_t bytesOf(const at::Tensor& t) { return t.defined() ? t.numel() * t.element_size() : 0; }
+uint64_t bytesOf(const std::vector<at::Tensor>& ts) {
+  uint64_t n = 0;
+  for (const auto& t : ts) n += bytesOf(t);
+  return n;
+}
+uint64_t bytesOf(const std::vector<std::vector<at::Tensor>>& ls) {
+  uint64_t n = 0;
+  for (const auto& l : ls) n += bytesOf(l);
+  return n;
+}
+
+// ProcessGroup keeps its device -> backend map protected; a pointer to that member, formed in a
+// derived class's scope, reads it without copying the class layout.
+struct ProcessGroupAccess : c10d::ProcessGroup {
+  using DeviceMap = std::unordered_map<c10::DeviceType, c10::intrusive_ptr<c10d::Backend>>;
+  static DeviceMap c10d::ProcessGroup::*deviceMap() { return &ProcessGroupAccess::deviceTypeToBackend_; }
+};
+
+}  // namespace
+
+std::optional<bool> pollWork(c10d::Work& work) {
+  if (work.isCompleted()) return work.exception() == nullptr;
+  // gloo marks a work's (CPU) future complete a moment before the work itself, when the
+  // collective has truly finished; a CUDA future (NCCL) completes at enqueue and says nothing.
+  try {
+    auto future = work.getFuture();
+    if (future && future->devices().empty() && future->completed()) return !future->hasError();
+  } catch (const c10::Error&) {
+    // no future: the work alone tells
+  }
+  return std::nullopt;
+}
+
+TrackingBackend::TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveTracker& tracker,
+                                 CompletionWatcher& watcher)
+    : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), tracker_(tracker), watcher_(watcher) {
+  setBoundDeviceId(inner_->getBoundDeviceId());
+}
+
+void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work) {
+  if (!work) {
+    tracker_.untrack(seq);  // nothing to observe (a backend that returns no work)
+    return;
+  }
+  watcher_.watch(seq, [work]() { return pollWork(*work); });
+  // A future's callback may fire at enqueue (NCCL) or at true completion (gloo): either way it
+  // is only a hint to poll now; the outcome is read from the work.
+  try {
+    auto future = work->getFuture();
+    if (future && future->devices().empty()) {  // CPU futures only: a CUDA one completes at enqueue
+      CompletionWatcher* watcher = &watcher_;
+      future->addCallback([watcher](c10::ivalue::Future&) { watcher->nudge(); });
+    }
+  } catch (const c10::Error&) {
+    // A work without a future: the interval poll alone sees it finish.
+  }
+}
+
+template <class F>
+c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t bytes, F&& call) {
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    if (coalescing_) {  // one record for the group, begun at endCoalescing()
+      coalesced_bytes_ += bytes;
+      coalesced_op_ = coalesced_ops_++ == 0 || coalesced_op_ == op ? op : CollectiveOp::kOther;
+      return call();
+    }
+  }
+  const uint64_t seq = tracker_.begin(op, bytes);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = call();
+  } catch (...) {
+    tracker_.end(seq, false);
+    throw;
+  }
+  watchWork(seq, work);
+  return work;
+}
+
+void TrackingBackend::startCoalescing() {
+  inner_->startCoalescing();
+  std::lock_guard<std::mutex> lock(coalescing_mu_);
+  coalescing_ = true;
+  coalesced_bytes_ = 0;
+  coalesced_ops_ = 0;
+  coalesced_op_ = CollectiveOp::kOther;
+}
+
+c10::intrusive_ptr<c10d::Work> TrackingBackend::endCoalescing() {
+  CollectiveOp op;
+  uint64_t bytes;
+  int ops;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    coalescing_ = false;
+    op = coalesced_op_;
+    bytes = coalesced_bytes_;
+    ops = coalesced_ops_;
+  }
+  if (ops == 0) return inner_->endCoalescing();
+  const uint64_t seq = tracker_.begin(op, bytes);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = inner_->endCoalescing();
+  } catch (...) {
+    tracker_.end(seq, false);
+    throw;
+  }
+  watchWork(seq, work);
+  return work;
+}
+
+// --- forwarded ---
+const std::string TrackingBackend::getBackendName() const { return inner_->getBackendName(); }
+c10::intrusive_ptr<c10d::Backend::Options> TrackingBackend::getBackendOptions() { return inner_->getBackendOptions(); }
+bool TrackingBackend::supportsSplitting() const { return inner_->supportsSplitting(); }
+bool TrackingBackend::supportsCoalescing() const { return inner_->supportsCoalescing(); }
+bool TrackingBackend::supportsTimeEstimation() const { return inner_->supportsTimeEstimation(); }
+#if TRAINSUP_TORCH_AT_LEAST(2, 10)
+bool TrackingBackend::supportsShrinking() const { return inner_->supportsShrinking(); }
+c10::intrusive_ptr<c10d::Backend> TrackingBackend::shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                                          const c10::intrusive_ptr<Options>& opts_override) {
+  return inner_->shrink(ranks_to_exclude, shrink_flags, opts_override);
+}
+void TrackingBackend::setGroupUid(const std::string& pg_uid) {
+  c10d::Backend::setGroupUid(pg_uid);
+  inner_->setGroupUid(pg_uid);
+}
+#endif
+void TrackingBackend::setTimeout(std::chrono::milliseconds timeout) { inner_->setTimeout(timeout); }
+void TrackingBackend::monitoredBarrier(const c10d::BarrierOptions& o, bool wait_all_ranks) {
+  inner_->monitoredBarrier(o, wait_all_ranks);
+}
+void TrackingBackend::setSequenceNumberForGroup() { inner_->setSequenceNumberForGroup(); }
+uint64_t TrackingBackend::getSequenceNumberForGroup() { return inner_->getSequenceNumberForGroup(); }
+void TrackingBackend::registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) {
+  inner_->registerOnCompletionHook(std::move(hook));
+}
+void TrackingBackend::waitForPendingWorks() { inner_->waitForPendingWorks(); }
+void TrackingBackend::enableCollectivesTiming() { inner_->enableCollectivesTiming(); }
+c10::intrusive_ptr<c10d::Backend> TrackingBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                         const std::vector<int>& ranks,
+                                                         const c10::intrusive_ptr<Options>& opts) {
+  return inner_->split(store, ranks, opts);
+}
+c10::intrusive_ptr<c10d::Backend> TrackingBackend::merge(const c10::intrusive_ptr<c10d::Store>& store,
+                                                         const c10::intrusive_ptr<Options>& opts, const int& rank,
+                                                         const int& size) {
+  return inner_->merge(store, opts, rank, size);
+}
+void TrackingBackend::eagerConnectSingleDevice(at::Device device) { inner_->eagerConnectSingleDevice(device); }
+c10d::ErrorType TrackingBackend::getError() { return inner_->getError(); }
+std::shared_ptr<c10::Allocator> TrackingBackend::getMemAllocator() { return inner_->getMemAllocator(); }
+at::Tensor TrackingBackend::allocateTensor(long size, at::TensorOptions options) {
+  return inner_->allocateTensor(size, options);
+}
+bool TrackingBackend::supportsTensorAlloc(c10::DeviceIndex device_idx) { return inner_->supportsTensorAlloc(device_idx); }
+void TrackingBackend::abort() { inner_->abort(); }
+void TrackingBackend::shutdown() { inner_->shutdown(); }
+#if TRAINSUP_TORCH_AT_LEAST(2, 13)
+void TrackingBackend::suspend() { inner_->suspend(); }
+void TrackingBackend::resume() { inner_->resume(); }
+std::unordered_map<std::string, uint64_t> TrackingBackend::getMemoryStats() { return inner_->getMemoryStats(); }
+#endif
+
+// --- collectives ---
+c10::intrusive_ptr<c10d::Work> TrackingBackend::broadcast(std::vector<at::Tensor>& t, const c10d::BroadcastOptions& o) {
+  return track(CollectiveOp::kBroadcast, bytesOf(t), [&] { return inner_->broadcast(t, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::allreduce(std::vector<at::Tensor>& t, const c10d::AllreduceOptions& o) {
+  return track(CollectiveOp::kAllreduce, bytesOf(t), [&] { return inner_->allreduce(t, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::allreduce_sparse(std::vector<at::Tensor>& t,
+                                                                 const c10d::AllreduceOptions& o) {
+  return track(CollectiveOp::kAllreduce, bytesOf(t), [&] { return inner_->allreduce_sparse(t, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::allreduce_coalesced(std::vector<at::Tensor>& t,
+                                                                    const c10d::AllreduceCoalescedOptions& o) {
+  return track(CollectiveOp::kAllreduce, bytesOf(t), [&] { return inner_->allreduce_coalesced(t, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::reduce(std::vector<at::Tensor>& t, const c10d::ReduceOptions& o) {
+  return track(CollectiveOp::kReduce, bytesOf(t), [&] { return inner_->reduce(t, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::allgather(std::vector<std::vector<at::Tensor>>& out,
+                                                          std::vector<at::Tensor>& in, const c10d::AllgatherOptions& o) {
+  return track(CollectiveOp::kAllgather, bytesOf(in), [&] { return inner_->allgather(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::_allgather_base(at::Tensor& out, at::Tensor& in,
+                                                                const c10d::AllgatherOptions& o) {
+  return track(CollectiveOp::kAllgather, bytesOf(in), [&] { return inner_->_allgather_base(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& out,
+                                                                    std::vector<at::Tensor>& in,
+                                                                    const c10d::AllgatherOptions& o) {
+  return track(CollectiveOp::kAllgather, bytesOf(in), [&] { return inner_->allgather_coalesced(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& out,
+                                                                                std::vector<at::Tensor>& in,
+                                                                                const c10d::AllgatherOptions& o) {
+  return track(CollectiveOp::kAllgather, bytesOf(in),
+               [&] { return inner_->allgather_into_tensor_coalesced(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::gather(std::vector<std::vector<at::Tensor>>& out,
+                                                       std::vector<at::Tensor>& in, const c10d::GatherOptions& o) {
+  return track(CollectiveOp::kGather, bytesOf(in), [&] { return inner_->gather(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::scatter(std::vector<at::Tensor>& out,
+                                                        std::vector<std::vector<at::Tensor>>& in,
+                                                        const c10d::ScatterOptions& o) {
+  return track(CollectiveOp::kScatter, bytesOf(out), [&] { return inner_->scatter(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::reduce_scatter(std::vector<at::Tensor>& out,
+                                                               std::vector<std::vector<at::Tensor>>& in,
+                                                               const c10d::ReduceScatterOptions& o) {
+  return track(CollectiveOp::kReduceScatter, bytesOf(in), [&] { return inner_->reduce_scatter(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::_reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                                                     const c10d::ReduceScatterOptions& o) {
+  return track(CollectiveOp::kReduceScatter, bytesOf(in), [&] { return inner_->_reduce_scatter_base(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& out,
+                                                                                std::vector<at::Tensor>& in,
+                                                                                const c10d::ReduceScatterOptions& o) {
+  return track(CollectiveOp::kReduceScatter, bytesOf(in),
+               [&] { return inner_->reduce_scatter_tensor_coalesced(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::alltoall_base(at::Tensor& out, at::Tensor& in,
+                                                              std::vector<int64_t>& out_splits,
+                                                              std::vector<int64_t>& in_splits,
+                                                              const c10d::AllToAllOptions& o) {
+  return track(CollectiveOp::kAlltoall, bytesOf(in),
+               [&] { return inner_->alltoall_base(out, in, out_splits, in_splits, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::alltoall(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in,
+                                                         const c10d::AllToAllOptions& o) {
+  return track(CollectiveOp::kAlltoall, bytesOf(in), [&] { return inner_->alltoall(out, in, o); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::send(std::vector<at::Tensor>& t, int dst, int tag) {
+  return track(CollectiveOp::kSend, bytesOf(t), [&] { return inner_->send(t, dst, tag); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::recv(std::vector<at::Tensor>& t, int src, int tag) {
+  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recv(t, src, tag); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::recvAnysource(std::vector<at::Tensor>& t, int tag) {
+  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recvAnysource(t, tag); });
+}
+c10::intrusive_ptr<c10d::Work> TrackingBackend::barrier(const c10d::BarrierOptions& o) {
+  return track(CollectiveOp::kBarrier, 0, [&] { return inner_->barrier(o); });
+}
+
+int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, CompletionWatcher& watcher) {
+  auto& devices = group.*ProcessGroupAccess::deviceMap();
+  // Resolve every device type first: getBackend() fills the map lazily from the backend types.
+  for (const auto& device : group.getDeviceTypes()) group.getBackend(device.type());
+  std::unordered_map<c10d::Backend*, c10::intrusive_ptr<c10d::Backend>> wrapped;
+  int count = 0;
+  for (auto& [type, backend] : devices) {
+    if (!backend || dynamic_cast<TrackingBackend*>(backend.get())) continue;
+    auto& wrapper = wrapped[backend.get()];
+    if (!wrapper) wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher);
+    backend = wrapper;
+    ++count;
+  }
+  return count;
+}
+
+}  // namespace trainsup
