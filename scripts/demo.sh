@@ -8,25 +8,28 @@
 # finishing with parameters bitwise equal to a run that never failed. A timeline and the time
 # the incident cost are printed at the end.
 #
-# Installs missing Debian packages with apt, builds into ./build, works under
-# ${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}. (examples/cpp/stall_demo.sh shows the single-rank
-# watchdog of the C++ library.)
+# Installs what is missing (scripts/install-deps.sh: Debian packages, the venv with torch 2.13),
+# installs trainsup into the venv with pip as a user would (`pip install .`, scikit-build-core;
+# incremental builds in build/pip), and runs everything with the venv's python and no PYTHONPATH,
+# under ${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}. (examples/cpp/stall_demo.sh shows the
+# single-rank watchdog of the C++ library.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install-deps.sh
-echo "== building (log in build/demo-build.log)"
+python=$(scripts/install-deps.sh)
+echo "== pip install . into $(dirname "$(dirname "$python")") (log in build/demo-install.log)"
 mkdir -p build
-scripts/build.sh > build/demo-build.log 2>&1 || { tail -40 build/demo-build.log; exit 1; }
-export PYTHONPATH="$PWD/build/bindings/python"
+"$python" -m pip install --no-build-isolation --no-deps --config-settings=build-dir=build/pip . \
+  > build/demo-install.log 2>&1 || { tail -40 build/demo-install.log; exit 1; }
+unset PYTHONPATH
 dir=${TRAINSUP_DEMO_DIR:-/tmp/trainsup-demo}
 rm -rf "$dir"
 mkdir -p "$dir"
 
 echo "== reference: the same job without a fault (host-a + host-b, 500 steps)"
-/usr/bin/python3 examples/launch/recovery_scenario.py clean "$dir/reference" --steps 500 > "$dir/reference.json"
+"$python" examples/launch/recovery_scenario.py clean "$dir/reference" --steps 500 > "$dir/reference.json"
 echo "== the job: host-a + host-b active, host-c spare; host-b's worker is stopped after step ~200"
-/usr/bin/python3 examples/launch/recovery_scenario.py spare "$dir/job" --steps 500 > "$dir/job.json"
-/usr/bin/python3 - "$dir" <<'PY'
+"$python" examples/launch/recovery_scenario.py spare "$dir/job" --steps 500 > "$dir/job.json"
+"$python" - "$dir" <<'PY'
 import json, pathlib, sys
 import torch
 d = pathlib.Path(sys.argv[1])
@@ -70,4 +73,4 @@ sys.exit(0 if ok else 1)
 PY
 echo
 echo "== trainsup report $dir/job/run (the full timeline is in its output and HTML page)"
-/usr/bin/python3 -m trainsup report "$dir/job/run" | grep -E "^run:|^incident|^  detection|^HTML" | sed 's/^/   /'
+"$python" -m trainsup report "$dir/job/run" | grep -E "^run:|^incident|^  detection|^HTML" | sed 's/^/   /'

@@ -50,7 +50,7 @@ echo "   exit code $rc2; final parameters xxh3=$got"
 
 echo
 echo "== node-b's event log ($run_dir/demo-node-b-r0.events.jsonl)"
-/usr/bin/python3 - "$run_dir/demo-node-b-r0.events.jsonl" <<'PY'
+"${PYTHON:-python3}" - "$run_dir/demo-node-b-r0.events.jsonl" <<'PY'
 import json, sys
 events = [json.loads(l) for l in open(sys.argv[1])]
 t0 = events[0]["mono_ns"]

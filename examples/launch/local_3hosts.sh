@@ -6,20 +6,21 @@
 #
 # Stop host-b's worker (kill -STOP <pid>, the pid is in its event log) to watch the job name
 # host-b, quarantine it, and resume on host-a and the spare host-c from the newest checkpoint.
-# Ends when the job ends; each agent's output is in <run dir>/agent-<host>.out.
+# Ends when the job ends; each agent's output is in <run dir>/agent-<host>.out. Uses the python3
+# on PATH (set PYTHON to choose another), which must have trainsup installed (pip install .).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 run_dir="${1:-/tmp/trainsup-3hosts}"
 steps="${2:-600}"
-port="$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+python="${PYTHON:-python3}"
+port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 mkdir -p "$run_dir"
-export PYTHONPATH="${PYTHONPATH:-$repo/build/bindings/python}"
 export TRAINSUP_CHECKPOINT_DIR="$run_dir/ckpt" TRAINSUP_LOG_DIR="$run_dir/logs" TRAINSUP_LOG_STDERR=0
 export OMP_NUM_THREADS=1
 agent() {  # host, extra env...
   local host="$1"
-  TRAINSUP_NODE_NAME="$host" /usr/bin/python3 -m trainsup.run --nnodes=2:2 --nproc_per_node=1 \
+  TRAINSUP_NODE_NAME="$host" "$python" -m trainsup.run --nnodes=2:2 --nproc_per_node=1 \
     --rdzv_backend=c10d --rdzv_endpoint="127.0.0.1:$port" --rdzv_id=local3 --run-dir "$run_dir/run" \
     "$repo/examples/python/train_ddp.py" --steps "$steps" --checkpoint-every 50 --step-sleep-ms 20 \
     > "$run_dir/agent-$host.out" 2>&1 &

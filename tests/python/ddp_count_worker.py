@@ -1,6 +1,8 @@
-"""Worker for test_tracker.py: DDP on trainsup_gloo, checks the tracker against DDP's buckets."""
+"""Worker for test_tracker.py: DDP on gloo with trainsup's tracking, checks the tracker against
+DDP's buckets."""
 import json
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -10,7 +12,10 @@ import trainsup
 steps = int(sys.argv[1])
 out = sys.argv[2]
 trainsup.init_process_group("gloo")
-assert dist.get_backend() == "trainsup_gloo", dist.get_backend()
+assert dist.get_backend() == "gloo", dist.get_backend()  # the job sees its own backend
+wrapped = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+assert type(wrapped).__name__ == "TrackingBackend", type(wrapped)
+assert type(trainsup.inner_backend()).__name__ == "ProcessGroupGloo", type(trainsup.inner_backend())
 torch.manual_seed(0)
 model = torch.nn.Sequential(*[torch.nn.Linear(512, 512, bias=False) for _ in range(4)], torch.nn.Linear(512, 1))
 ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
@@ -19,6 +24,10 @@ for step in range(steps):
     ddp(torch.randn(16, 512)).sum().backward()
 t = torch.ones(4)
 dist.all_reduce(t)
+# The watcher records a finished collective within a poll interval (1 ms) of its completion.
+deadline = time.monotonic() + 10
+while trainsup.collective_stats()["pending"] and time.monotonic() < deadline:
+    time.sleep(0.001)
 end = trainsup.collective_stats()
 info = ddp._get_ddp_logging_data()
 first = len(str(info["bucket_sizes"]).split(","))

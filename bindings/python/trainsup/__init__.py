@@ -32,6 +32,11 @@ from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQ
 
 __version__ = _trainsup.__version__
 
+import os as _os  # noqa: E402
+# For C++ trainers that link the library installed with this package:
+# cmake -DCMAKE_PREFIX_PATH="$(python -c 'import trainsup; print(trainsup.cmake_prefix_path)')"
+cmake_prefix_path = _os.path.join(_os.path.dirname(__file__), "lib", "cmake")
+
 # Keyword argument -> environment variable it overrides (docs/configuration.md).
 _SETTINGS = {
     "rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE",

@@ -3,7 +3,18 @@ between torch versions. Tested against torch 1.13; the torch 2.x differences kno
 source are handled here too (next_rendezvous returns a RendezvousInfo, use_agent_store, the
 spares' redundancy_list, _NodeDesc.addr for .fqdn) but have not been run yet."""
 import dataclasses
+import os
 import re
+
+
+def prepare_environment():
+    """torch 2.x shares one TCPStore server (the round's rank-0 agent's) with the workers of
+    every round, and a restarted worker's init_process_group reads the previous attempt's keys
+    under the same names: gloo then connects to the dead peers of the last attempt (plain
+    torchrun 2.13 with --max-restarts fails its first restart this way, "Connection refused"
+    or a hang). With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round's workers get a store of
+    their own on a fresh port (hosted by their rank 0, as in torch 1.x)."""
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
 def fix_std_parsing():

@@ -7,6 +7,13 @@ into staging memory; CUDA tensors with one device-to-host copy); everything else
 dicts, numbers, strings, RNG states of numpy and ``random``) is pickled into one bytes buffer,
 ``__skeleton__``, with placeholders where the tensors were. Loading unpickles that skeleton, so
 only load checkpoints you trust, as with ``torch.load``.
+
+torch 2.x state: a ``torch.compile``d module is saved and loaded through the module it wraps
+(``_orig_mod``), so its checkpoints load into the plain module and back. A DTensor (FSDP2's
+``fully_shard`` parameters and their optimizer state, or FSDP's sharded state dicts) is saved as
+its local shard with its placements and global shape, and loaded back as a DTensor on the
+matching device mesh of the state it is loaded into: every rank keeps its own shard, nothing is
+gathered.
 """
 import os
 import pickle
@@ -38,7 +45,40 @@ class _Tensor:
         return (_Tensor, (self.name,))
 
 
+class _DTensor:
+    """Where a DTensor stood: its local shard is the buffer `name`; the rest rebuilds it."""
+    __slots__ = ("name", "placements", "shape", "stride", "mesh", "device_type")
+
+    def __init__(self, name, placements, shape, stride, mesh, device_type):
+        self.name, self.placements, self.shape, self.stride = name, placements, shape, stride
+        self.mesh, self.device_type = mesh, device_type
+
+    def __reduce__(self):
+        return (_DTensor, (self.name, self.placements, self.shape, self.stride, self.mesh, self.device_type))
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    return DTensor
+
+
+def _unwrap(obj):
+    """The module a torch.compile'd one wraps: its state dict has no `_orig_mod.` prefixes."""
+    inner = getattr(obj, "_orig_mod", None)
+    return inner if isinstance(obj, torch.nn.Module) and isinstance(inner, torch.nn.Module) else obj
+
+
 def _flatten(prefix, obj, tensors):
+    DTensor = _dtensor_class()
+    if DTensor is not None and isinstance(obj, DTensor):
+        name = prefix
+        tensors.append((name, obj.to_local()))
+        mesh = obj.device_mesh
+        return _DTensor(name, tuple(obj.placements), tuple(obj.shape), tuple(obj.stride()),
+                        mesh.mesh.tolist(), mesh.device_type)
     if isinstance(obj, torch.Tensor):
         name = prefix
         tensors.append((name, obj))
@@ -85,7 +125,7 @@ def collect(state, include_rng=True):
     skeleton = {}
     for key, obj in state.items():
         if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
-            skeleton[key] = ("state_dict", _flatten(key, obj.state_dict(), tensors))
+            skeleton[key] = ("state_dict", _flatten(key, _unwrap(obj).state_dict(), tensors))
         else:
             skeleton[key] = ("value", _flatten(key, obj, tensors))
     if include_rng:
@@ -119,15 +159,49 @@ def _read(shard, entry):
     return t
 
 
-def _materialize(node, shard, entries):
+def _meshes_of(obj):
+    """The device meshes of the DTensors `obj` holds (a module's parameters and buffers, an
+    optimizer's parameters), where a loaded DTensor is put back."""
+    DTensor = _dtensor_class()
+    if DTensor is None:
+        return []
+    tensors = []
+    if isinstance(obj, torch.nn.Module):
+        tensors = list(obj.parameters()) + list(obj.buffers())
+    elif isinstance(obj, torch.optim.Optimizer):
+        tensors = [p for g in obj.param_groups for p in g["params"]]
+    meshes = []
+    for t in tensors:
+        if isinstance(t, DTensor) and all(t.device_mesh is not m for m in meshes):
+            meshes.append(t.device_mesh)
+    return meshes
+
+
+def _to_dtensor(node, local, meshes):
+    from torch.distributed.tensor import DTensor
+    for mesh in meshes:
+        if mesh.device_type == node.device_type and mesh.mesh.tolist() == node.mesh:
+            device = torch.device(node.device_type, torch.cuda.current_device()) \
+                if node.device_type == "cuda" else torch.device(node.device_type)
+            return DTensor.from_local(local.to(device), mesh, node.placements, run_check=False,
+                                      shape=torch.Size(node.shape), stride=node.stride)
+    raise ValueError(f"'{node.name}' was saved as a DTensor on a {node.device_type} mesh {node.mesh}, "
+                     f"and the state it is loaded into has no such mesh (meshes: "
+                     f"{[(m.device_type, m.mesh.tolist()) for m in meshes] or 'none'})")
+
+
+def _materialize(node, shard, entries, meshes=()):
     if isinstance(node, _Tensor):
         return _read(shard, entries[node.name])
+    if isinstance(node, _DTensor):
+        local = _read(shard, entries[node.name])
+        return _to_dtensor(node, local, meshes) if meshes is not None else local
     if isinstance(node, dict):
-        return {k: _materialize(v, shard, entries) for k, v in node.items()}
+        return {k: _materialize(v, shard, entries, meshes) for k, v in node.items()}
     if isinstance(node, list):
-        return [_materialize(v, shard, entries) for v in node]
+        return [_materialize(v, shard, entries, meshes) for v in node]
     if isinstance(node, tuple):
-        return tuple(_materialize(v, shard, entries) for v in node)
+        return tuple(_materialize(v, shard, entries, meshes) for v in node)
     return node
 
 
@@ -147,15 +221,17 @@ def load_into(state, shard):
     missing = [k for k in state if k not in skeleton]
     if missing:
         raise KeyError(f"the checkpoint in {shard.path} has no entry for {missing}")
+    # Optimizers' DTensors go on their parameters' meshes, which the modules hold too.
+    meshes = [m for obj in state.values() for m in _meshes_of(obj)]
     for key, (kind, node) in skeleton.items():
-        value = _materialize(node, shard, entries)
+        if kind != "rng" and key not in state:
+            continue
+        value = _materialize(node, shard, entries, meshes)
         if kind == "rng":
             _set_rng_state(value)
-        elif key not in state:
-            continue
         elif kind == "state_dict":
             try:
-                state[key].load_state_dict(value)
+                _unwrap(state[key]).load_state_dict(value)
             except RuntimeError as e:  # torch reports shape mismatches as RuntimeError
                 raise ValueError(f"'{key}': {e}") from e
         else:
@@ -234,7 +310,8 @@ class Checkpoint:
         skeleton = read_skeleton(shard, entries)
         if skeleton is None:
             return None
-        return {k: _materialize(node, shard, entries) for k, (kind, node) in skeleton.items()}
+        # DTensors come back as this rank's local shard: there is no mesh to put them on here.
+        return {k: _materialize(node, shard, entries, None) for k, (kind, node) in skeleton.items()}
 
 
 def load_checkpoint(path):

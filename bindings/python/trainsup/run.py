@@ -53,6 +53,7 @@ def _setting(args, flag):
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     compat.fix_std_parsing()
+    compat.prepare_environment()
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 

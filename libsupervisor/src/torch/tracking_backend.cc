@@ -43,7 +43,11 @@ std::optional<bool> pollWork(c10d::Work& work) {
 TrackingBackend::TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveTracker& tracker,
                                  CompletionWatcher& watcher)
     : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), tracker_(tracker), watcher_(watcher) {
+  // ProcessGroup::getGroupName() reads the uid of its first device's backend, which is now this
+  // one: carry the group's name and description (DeviceMesh resolves groups by that name).
   setBoundDeviceId(inner_->getBoundDeviceId());
+  pg_uid_ = inner_->getGroupUid();
+  pg_desc_ = inner_->getGroupDesc();
 }
 
 void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work) {

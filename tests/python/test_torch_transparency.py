@@ -1,0 +1,84 @@
+"""With trainsup, a job behaves as without it: a selection of PyTorch's own distributed tests
+(shipped in the torch wheel, torch.testing._internal.distributed, gloo, 2 ranks) has the same
+outcome with every process group routed through trainsup's tracking backend as without, and
+the routed run really went through the wrapper (dist.get_backend() still "gloo")."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNNER = os.path.join(HERE, "torch_suite", "run_torch_dist_tests.py")
+
+# What users rely on (issue 10): backend name, subgroups, point-to-point, the collectives,
+# object collectives, monitored barriers (gloo only), DDP.
+TESTS = [
+    "test_get_backend",
+    "test_new_subgroups",
+    "test_send_recv",
+    "test_batch_isend_irecv_gloo",
+    "test_broadcast",
+    "test_all_reduce_sum",
+    "test_sparse_all_reduce_sum",
+    "test_scatter",
+    "test_all_gather",
+    "test_all_to_all",
+    "test_all_gather_object_default_pg",
+    "test_scatter_object_list",
+    "test_monitored_barrier_gloo",
+    "test_monitored_barrier_gloo_subgroup",
+    "test_DistributedDataParallel_requires_grad",
+    "test_ddp_uneven_inputs",
+]
+
+
+def _run(tmp_path, routed):
+    out = tmp_path / f"{'routed' if routed else 'plain'}.json"
+    env = dict(os.environ, TRAINSUP_ROUTE="1" if routed else "0", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    for k in ("BACKEND", "WORLD_SIZE", "TEMP_DIR", "TRAINSUP_SUITE_STATS_DIR"):
+        env.pop(k, None)
+    p = subprocess.Popen([sys.executable, RUNNER, str(out)] + TESTS, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    return p, out
+
+
+def test_pytorch_distributed_tests_have_the_same_outcomes_with_trainsup(tmp_path):
+    runs = {routed: _run(tmp_path, routed) for routed in (False, True)}  # side by side
+    results = {}
+    for routed, (p, out) in runs.items():
+        log, _ = p.communicate(timeout=900)
+        assert out.exists(), log[-4000:]
+        results[routed] = json.loads(out.read_text())
+    plain, routed = results[False], results[True]
+    assert set(plain["outcomes"]) == set(TESTS), plain
+    assert routed["outcomes"] == plain["outcomes"], {"plain": plain["outcomes"], "routed": routed["outcomes"]}
+    assert sum(v == "passed" for v in plain["outcomes"].values()) >= len(TESTS) - 2, plain["outcomes"]
+    # Every rank of the routed run had the wrapper in front of its default group, still named gloo.
+    stats = routed["rank_stats"]
+    assert stats, "the routed run recorded no rank"
+    assert {s["wrapped"] for s in stats} == {"TrackingBackend"}, stats
+    assert {s["get_backend"] for s in stats} == {"gloo"}, stats
+    assert sum(s["issued"] for s in stats) > 0 and all(s["pending"] == 0 for s in stats), stats
+    assert plain["rank_stats"] == []
+
+
+def test_distributed_checkpoint_of_an_fsdp2_model_works_with_trainsup(tmp_path):
+    """torch.distributed.checkpoint (save, async_save, load) of an FSDP2 model on gloo, with every
+    collective of the default group going through trainsup's tracking backend."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dcp_worker.py"), str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out[-4000:]
+        r = json.loads(out.strip().splitlines()[-1])
+        assert r["equal"] == {"sync": True, "async": True}, r
+        assert r["backend"] == "gloo" and r["tracked_during_dcp"] > 0, r

@@ -1,0 +1,116 @@
+// TrackingBackend: the completion path with a c10d work whose completion the test controls,
+// and the wrapper in front of a real c10d::ProcessGroup's backend. (The torch wheel ships no
+// gloo headers; ProcessGroupGloo itself is covered from Python, tests/python/test_tracker.py.)
+#include "trainsup/tracking_backend.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/torch.h>
+
+namespace trainsup {
+namespace {
+
+// A work that finishes when the test says so. It has no future: completion is read from the
+// work alone, as for NCCL, whose (CUDA) future is complete already at enqueue.
+class ControlledWork : public c10d::Work {
+ public:
+  ControlledWork() : c10d::Work(0, c10d::OpType::ALLREDUCE) {}
+  void complete(std::exception_ptr error = nullptr) { finish(std::move(error)); }
+};
+
+// A backend whose allreduce returns the test's work.
+class ControlledBackend : public c10d::Backend {
+ public:
+  ControlledBackend() : c10d::Backend(0, 1) {}
+  const std::string getBackendName() const override { return "controlled"; }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) override {
+    return next;
+  }
+  c10::intrusive_ptr<c10d::Work> next;
+};
+
+CollectiveRecord last(const CollectiveTracker& t) { return t.recent(1).at(0); }
+
+TEST(TrackingBackendTest, CollectiveStaysInFlightUntilItsWorkCompletes) {
+  CollectiveTracker tracker;
+  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, /*start_thread=*/false);
+  auto inner = c10::make_intrusive<ControlledBackend>();
+  TrackingBackend backend(inner, tracker, watcher);
+  auto work = c10::make_intrusive<ControlledWork>();
+  inner->next = work;
+  std::vector<at::Tensor> t{torch::ones({16})};
+  auto returned = backend.allreduce(t, c10d::AllreduceOptions());
+  EXPECT_EQ(returned.get(), work.get()) << "the caller gets the backend's own work";
+  EXPECT_EQ(last(tracker).bytes, 64u);
+  for (int i = 0; i < 3; ++i) watcher.pollOnce();
+  EXPECT_EQ(last(tracker).exit_ns, 0) << "not finished on the device: still in flight";
+  work->complete();
+  watcher.pollOnce();
+  EXPECT_GT(last(tracker).exit_ns, 0);
+  EXPECT_TRUE(last(tracker).ok);
+}
+
+TEST(TrackingBackendTest, FailedWorkEndsTheRecordAsFailed) {
+  CollectiveTracker tracker;
+  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto inner = c10::make_intrusive<ControlledBackend>();
+  TrackingBackend backend(inner, tracker, watcher);
+  auto work = c10::make_intrusive<ControlledWork>();
+  inner->next = work;
+  std::vector<at::Tensor> t{torch::ones({4})};
+  backend.allreduce(t, c10d::AllreduceOptions());
+  work->complete(std::make_exception_ptr(std::runtime_error("peer gone")));
+  watcher.pollOnce();
+  EXPECT_GT(last(tracker).exit_ns, 0);
+  EXPECT_FALSE(last(tracker).ok);
+  EXPECT_EQ(tracker.stats().failed, 1u);
+}
+
+TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecord) {
+  CollectiveTracker tracker;
+  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  TrackingBackend backend(c10::make_intrusive<ControlledBackend>(), tracker, watcher);
+  std::vector<at::Tensor> t{torch::ones({4})};
+  EXPECT_THROW(backend.broadcast(t, c10d::BroadcastOptions()), c10::Error);
+  EXPECT_FALSE(last(tracker).ok);
+  EXPECT_EQ(watcher.pending(), 0u);
+}
+
+TEST(TrackingBackendTest, WrapsAProcessGroupsBackendWithoutChangingItsName) {
+  CollectiveTracker tracker;
+  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
+  auto inner = c10::make_intrusive<ControlledBackend>();
+  pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, inner);
+  pg->setGroupName("7");  // what init_process_group gives the default group
+  pg->setGroupDesc("default_pg");
+
+  EXPECT_EQ(trackProcessGroup(*pg, tracker, watcher), 1);
+  EXPECT_EQ(pg->getGroupName(), "7") << "DeviceMesh and functional collectives resolve the group by name";
+  EXPECT_EQ(pg->getGroupDesc(), "default_pg");
+  EXPECT_EQ(trackProcessGroup(*pg, tracker, watcher), 0) << "idempotent";
+  EXPECT_EQ(pg->getBackendName(), "gloo");
+  auto* wrapper = dynamic_cast<TrackingBackend*>(pg->getBackend(c10::DeviceType::CPU).get());
+  ASSERT_NE(wrapper, nullptr);
+  EXPECT_EQ(wrapper->inner().get(), inner.get());
+  EXPECT_EQ(pg->getDefaultBackend().get(), inner.get()) << "abort/shutdown reach the real backend once";
+
+  // Through the ProcessGroup's own dispatch (what dist.all_reduce and DDP use).
+  auto work = c10::make_intrusive<ControlledWork>();
+  inner->next = work;
+  std::vector<at::Tensor> t{torch::full({8}, 2.0)};
+  auto returned = pg->allreduce(t);
+  EXPECT_EQ(tracker.stats().issued, 1u);
+  EXPECT_EQ(last(tracker).op, CollectiveOp::kAllreduce);
+  EXPECT_EQ(last(tracker).bytes, 32u);
+  watcher.pollOnce();
+  EXPECT_EQ(tracker.stats().completed, 0u);
+  work->complete();
+  watcher.pollOnce();
+  EXPECT_EQ(tracker.stats().completed, 1u);
+}
+
+}  // namespace
+}  // namespace trainsup
