@@ -39,3 +39,14 @@ def test_a_gloo_peer_that_vanished_is_the_network_not_the_program():
     tb = ('Traceback (most recent call last):\n  File "train_ddp.py", line 120, in <module>\n'
           "RuntimeError: [./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:11491\n")
     assert classify(tb)[0] == "network_or_peer"
+
+
+def test_torch_2_rank_prefixes_are_not_part_of_the_message():
+    """torch 2.x writes an uncaught exception as "[rank0]: ..." lines (and torchrun's --tee adds
+    "[default0]:"): still user code, named by its exception line."""
+    tb = ("[rank0]: Traceback (most recent call last):\n"
+          '[rank0]:   File "train.py", line 138, in main\n'
+          "[rank0]: RuntimeError: injected user-code error at step 120\n")
+    assert classify(tb) == ("user_code", "RuntimeError: injected user-code error at step 120")
+    teed = "[default0]:[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    assert classify(teed)[0] == classify("RuntimeError: CUDA error: an illegal memory access was encountered\n")[0]

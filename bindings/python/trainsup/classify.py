@@ -39,9 +39,15 @@ _TRACEBACK = re.compile(r"^Traceback \(most recent call last\)|^\w+(\.\w+)*(Erro
 CLASSES = [c for c, _ in _SIGNATURES] + ["user_code", "unknown"]
 
 
+# torch 2.x prefixes every line of an uncaught exception with "[rankN]: ", and torchrun's --tee
+# with "[defaultN]:"; neither is part of the message.
+_LINE_PREFIX = re.compile(r"^(\[default\d+\]:)?(\[rank\d+\]:)?[ ]?")
+
+
 def classify(text):
     """(class, the line that decided it) for a worker's output tail."""
-    lines = text.splitlines()
+    lines = [_LINE_PREFIX.sub("", l, count=1) for l in text.splitlines()]
+    text = "\n".join(lines)
     for cls, patterns in _COMPILED:
         for line in lines:
             if any(p.search(line) for p in patterns):
