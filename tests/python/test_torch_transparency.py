@@ -11,24 +11,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNNER = os.path.join(HERE, "torch_suite", "run_torch_dist_tests.py")
 
 # What users rely on (issue 10): backend name, subgroups, point-to-point, the collectives,
-# object collectives, monitored barriers (gloo only), DDP.
+# object collectives, monitored barriers (gloo only), DDP (its logging data names the backend).
+# All of them run with two ranks on gloo (those needing more ranks or GPUs would only skip).
 TESTS = [
     "test_get_backend",
-    "test_new_subgroups",
     "test_send_recv",
     "test_batch_isend_irecv_gloo",
     "test_broadcast",
     "test_all_reduce_sum",
     "test_sparse_all_reduce_sum",
-    "test_scatter",
     "test_all_gather",
-    "test_all_to_all",
-    "test_all_gather_object_default_pg",
-    "test_scatter_object_list",
+    "test_barrier_full_group",
+    "test_all_gather_object_subgroup",
     "test_monitored_barrier_gloo",
     "test_monitored_barrier_gloo_subgroup",
-    "test_DistributedDataParallel_requires_grad",
-    "test_ddp_uneven_inputs",
+    "test_DistributedDataParallelCPU",
+    "test_ddp_logging_data_cpu",
 ]
 
 
@@ -53,7 +51,7 @@ def test_pytorch_distributed_tests_have_the_same_outcomes_with_trainsup(tmp_path
     plain, routed = results[False], results[True]
     assert set(plain["outcomes"]) == set(TESTS), plain
     assert routed["outcomes"] == plain["outcomes"], {"plain": plain["outcomes"], "routed": routed["outcomes"]}
-    assert sum(v == "passed" for v in plain["outcomes"].values()) >= len(TESTS) - 2, plain["outcomes"]
+    assert set(plain["outcomes"].values()) == {"passed"}, plain["outcomes"]
     # Every rank of the routed run had the wrapper in front of its default group, still named gloo.
     stats = routed["rank_stats"]
     assert stats, "the routed run recorded no rank"
