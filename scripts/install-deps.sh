@@ -44,7 +44,9 @@ fi
 stamp=$venv/.trainsup-requirements
 if ! cmp -s requirements-dev.txt "$stamp"; then
   echo "install-deps: pip install -r requirements-dev.txt into $venv" >&2
-  "$venv/bin/python" -m pip install -q -r requirements-dev.txt >&2
+  # (pip warns about every index location missing on this machine: noise, filtered)
+  "$venv/bin/python" -m pip install -q -r requirements-dev.txt > "$venv/pip-install.log" 2>&1 \
+    || { grep -v "^WARNING: Location" "$venv/pip-install.log" >&2; exit 1; }
   cp requirements-dev.txt "$stamp"
 else
   echo "install-deps: $venv is up to date with requirements-dev.txt" >&2

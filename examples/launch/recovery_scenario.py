@@ -8,7 +8,8 @@ training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
               on a + c from the newest valid checkpoint.
   shrink      hosts a, b (--nnodes=1:2), no spare; same fault; the job finishes on host-a alone.
   user_error  hosts a, b; every worker raises an exception at step 120 of every attempt: no
-              host is quarantined and the job-wide restart cap ends it with 96 (do not requeue).
+              host is quarantined and the job-wide restart cap ends it with 96 (do not requeue);
+              with --no-progress-guard, the guard against restarts without a newer checkpoint.
   host_death  the etcd-v2 rendezvous (an etcd server started here, as on a cluster's service
               node); hosts a, b active and c spare; the host whose agent holds the coordinator
               dies outright (its agent and worker are SIGKILLed at once): the job must go on with
@@ -231,9 +232,12 @@ def preempt_scenario(workdir, steps):
         c.kill_all()
 
 
-def user_error_scenario(workdir, steps):
-    c = Cluster(workdir, "2:2", steps, extra_train=["--raise-at-step", "120"],
-                env={"TRAINSUP_MAX_RESTARTS": "2"})
+def user_error_scenario(workdir, steps, no_progress_guard=False):
+    # The restart cap (2) ends the job; or, with --no-progress-guard, a generous cap (20) and the
+    # guard against restarts that never get past the same checkpoint (1 allowed).
+    env = ({"TRAINSUP_MAX_RESTARTS": "20", "TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS": "1"} if no_progress_guard
+           else {"TRAINSUP_MAX_RESTARTS": "2"})
+    c = Cluster(workdir, "2:2", steps, extra_train=["--raise-at-step", "120"], env=env)
     try:
         c.start("host-a")
         c.start("host-b")
@@ -248,10 +252,12 @@ def main():
     p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death", "preempt"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--no-progress-guard", action="store_true",
+                   help="user_error: end the job by the no-progress guard instead of the restart cap")
     a = p.parse_args()
     summary = {"scenario": a.scenario}
     if a.scenario == "user_error":
-        c, codes = user_error_scenario(a.workdir, a.steps)
+        c, codes = user_error_scenario(a.workdir, a.steps, a.no_progress_guard)
         summary["agent_exit_codes"] = codes
     elif a.scenario == "host_death":
         c, fault_wall, codes, victim = host_death_scenario(a.workdir, a.steps)

@@ -20,9 +20,9 @@ SCENARIO = os.path.join(REPO, "examples", "launch", "recovery_scenario.py")
 STEPS = "500"
 
 
-def _run(scenario, workdir):
+def _run(scenario, workdir, *extra):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([sys.executable, SCENARIO, scenario, str(workdir), "--steps", STEPS], env=env,
+    out = subprocess.run([sys.executable, SCENARIO, scenario, str(workdir), "--steps", STEPS, *extra], env=env,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -148,6 +148,21 @@ def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(
     assert "injected user-code error at step 120" in failures[0]["line"]
     give_up = [e for e in events if e["event"] == "give_up"]
     assert give_up and all(e["code"] == 96 for e in give_up)
+
+
+def test_restarts_that_never_pass_the_same_checkpoint_end_the_job_before_the_cap(tmp_path):
+    """The no-progress guard: every attempt fails at step 120 and the newest checkpoint stays at
+    step 100; with one such restart allowed, the second one ends the job (96), long before the
+    restart cap (20)."""
+    workdir = tmp_path / "guard"
+    s = _run("user_error", workdir, "--no-progress-guard")
+    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96}, s
+    events = _events(workdir / "run" / "agent-host-a.events.jsonl") + _events(workdir / "run" / "agent-host-b.events.jsonl")
+    give_up = [e for e in events if e["event"] == "give_up"]
+    assert give_up and all("without a newer checkpoint (cap 1)" in e["reason"] for e in give_up), give_up
+    restarts = [e for e in events if e["event"] == "restart"]
+    assert max(e["restarts"] for e in restarts) == 3, restarts  # 100 reached, then twice stuck at 100
+    assert {e["newest_checkpoint_step"] for e in restarts} == {100}
 
 
 def test_an_agent_stopped_by_the_scheduler_is_not_taken_for_a_dead_host(tmp_path):

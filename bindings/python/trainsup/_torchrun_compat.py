@@ -1,7 +1,9 @@
 """Everything the launcher needs from torchrun's internals, in one place, because it differs
-between torch versions. Tested against torch 1.13; the torch 2.x differences known from its
-source are handled here too (next_rendezvous returns a RendezvousInfo, use_agent_store, the
-spares' redundancy_list, _NodeDesc.addr for .fqdn) but have not been run yet."""
+between torch versions. Run and tested on torch 2.13 (every launcher scenario of the suite):
+next_rendezvous returns a RendezvousInfo, spares wait in redundancy_list, _NodeDesc has .addr,
+and the rendezvous store shared with workers must be turned off (prepare_environment). The
+torch 1.x branches kept here (tuple results, fqdn, Std parsing, stores without check()) are no
+longer exercised: torch 1.x is unsupported since the move to torch 2.x."""
 import dataclasses
 import os
 import re

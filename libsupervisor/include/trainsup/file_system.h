@@ -21,7 +21,9 @@ namespace trainsup {
 class TRAINSUP_EXPORT WritableFile {
  public:
   virtual ~WritableFile() = default;
-  virtual Status append(const void* data, size_t n) = 0;  // all n bytes or an error
+  // All n bytes or an error. The POSIX file starts the disk writes of each 16 MiB as it goes
+  // (sync_file_range), so that sync() waits for the tail only.
+  virtual Status append(const void* data, size_t n) = 0;
   virtual Status sync() = 0;                              // fsync: data and size are durable
   virtual Status close() = 0;                             // idempotent
   virtual const std::string& path() const = 0;
