@@ -51,33 +51,29 @@ def _assert_bitwise(a, b):
     assert a["optim_steps"] == b["optim_steps"]
 
 
-def _resume_case(tmp_path, model, world, extra_resume=()):
+def _resume_case(tmp_path, model, world):
     full = _run(tmp_path, "full", model, world, tmp_path / "ckpt-full")
     # The interrupted run: stops after the checkpoint of step 8 (its last step), then resumes.
     first = _run(tmp_path, "first", model, world, tmp_path / "ckpt", steps=EVERY + 1)
     assert all(r["restored"] == 0 for r in first)
-    resumed = _run(tmp_path, "resumed", model, world, tmp_path / "ckpt", extra=extra_resume)
+    resumed = _run(tmp_path, "resumed", model, world, tmp_path / "ckpt")
     assert all(r["restored"] == EVERY for r in resumed), [r["restored"] for r in resumed]
     for a, b in zip(full, resumed):
         _assert_bitwise(a, b)
-    return full
+    return full, first
 
 
-def test_compiled_model_optimizer_and_scheduler_resume_bitwise(tmp_path):
-    _resume_case(tmp_path, "compile", 1)
-
-
-def test_compiled_model_checkpoint_loads_into_the_plain_module(tmp_path):
-    """Saved from the compiled model, restored into the module it wrapped: exactly the state of
-    step 8 (eager and compiled kernels round differently, so no training is compared here)."""
-    first = _run(tmp_path, "first", "compile", 1, tmp_path / "ckpt", steps=EVERY + 1)
+def test_compiled_model_optimizer_and_scheduler_resume_bitwise_and_load_into_the_plain_module(tmp_path):
+    _, first = _resume_case(tmp_path, "compile", 1)
+    # The same checkpoint restored into the module the compiled one wraps: exactly the state of
+    # step 8 (eager and compiled kernels round differently, so no training is compared here).
     plain = _run(tmp_path, "plain", "compile", 1, tmp_path / "ckpt", extra=["--load-plain"], steps=EVERY + 1)
     assert plain[0]["restored"] == EVERY
     _assert_bitwise(first[0], plain[0])
 
 
 def test_fsdp2_sharded_state_resumes_bitwise_on_every_rank(tmp_path):
-    full = _resume_case(tmp_path, "fsdp", 2)
+    full, _ = _resume_case(tmp_path, "fsdp", 2)
     # Sharded: each rank holds (and saved) half of every parameter, not the whole.
     w0 = full[0]["params"]["0.weight"]
     assert w0.shape == (32, 16) and "Shard(dim=0)" in full[0]["params"]["0.weight.placements"]
