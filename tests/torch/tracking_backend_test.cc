@@ -26,6 +26,8 @@ class ControlledBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) override {
     return next;
   }
+  void startCoalescing() override {}
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override { return next; }
   c10::intrusive_ptr<c10d::Work> next;
 };
 
@@ -64,6 +66,29 @@ TEST(TrackingBackendTest, FailedWorkEndsTheRecordAsFailed) {
   EXPECT_GT(last(tracker).exit_ns, 0);
   EXPECT_FALSE(last(tracker).ok);
   EXPECT_EQ(tracker.stats().failed, 1u);
+}
+
+TEST(TrackingBackendTest, CoalescedCollectivesAreOneRecordEndedByTheGroupsWork) {
+  CollectiveTracker tracker;
+  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto inner = c10::make_intrusive<ControlledBackend>();
+  TrackingBackend backend(inner, tracker, watcher);
+  backend.startCoalescing();
+  std::vector<at::Tensor> a{torch::ones({4})}, b{torch::ones({8})};
+  backend.allreduce(a, c10d::AllreduceOptions());
+  backend.allreduce(b, c10d::AllreduceOptions());
+  EXPECT_EQ(tracker.stats().issued, 0u) << "nothing is launched before endCoalescing";
+  auto group = c10::make_intrusive<ControlledWork>();
+  inner->next = group;
+  EXPECT_EQ(backend.endCoalescing().get(), group.get());
+  EXPECT_EQ(tracker.stats().issued, 1u);
+  EXPECT_EQ(last(tracker).op, CollectiveOp::kAllreduce);
+  EXPECT_EQ(last(tracker).bytes, 48u);
+  watcher.pollOnce();
+  EXPECT_EQ(last(tracker).exit_ns, 0);
+  group->complete();
+  watcher.pollOnce();
+  EXPECT_GT(last(tracker).exit_ns, 0);
 }
 
 TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecord) {

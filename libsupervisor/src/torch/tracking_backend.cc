@@ -112,16 +112,7 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::endCoalescing() {
     ops = coalesced_ops_;
   }
   if (ops == 0) return inner_->endCoalescing();
-  const uint64_t seq = tracker_.begin(op, bytes);
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    work = inner_->endCoalescing();
-  } catch (...) {
-    tracker_.end(seq, false);
-    throw;
-  }
-  watchWork(seq, work);
-  return work;
+  return track(op, bytes, [&] { return inner_->endCoalescing(); });  // coalescing_ is off again
 }
 
 // --- forwarded ---
