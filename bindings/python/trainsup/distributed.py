@@ -55,9 +55,9 @@ def init_process_group(backend=None, **kwargs):
                           "that has torch: pip install --no-build-isolation trainsup")
     result = dist.init_process_group(backend=backend, **kwargs)
     track_process_group()
-    if "nccl" in str(dist.get_backend()).lower():
+    from . import _live, _abort_torch_distributed, _nccl_initialized
+    if _nccl_initialized():
         # Supervisors created before the process group: abort it on their abort paths too.
-        from . import _live, _abort_torch_distributed
         for sup in list(_live):
             sup.add_abort_callback("torch.distributed", _abort_torch_distributed)
     return result

@@ -139,7 +139,8 @@ TRAINSUP_EXPORT int trackProcessGroup(c10d::ProcessGroup& group,
                                       CompletionWatcher& watcher = CompletionWatcher::global());
 
 // Polls a c10d work for the CompletionWatcher: nullopt while it runs, else whether it succeeded.
-// Separate so that tests can check it with works whose completion they control.
-TRAINSUP_EXPORT std::optional<bool> pollWork(c10d::Work& work);
+// `cpu_future` is the work's future when it is a CPU one (gloo: complete at true completion,
+// slightly before the work says so), looked up once when the work is watched; else null.
+TRAINSUP_EXPORT std::optional<bool> pollWork(c10d::Work& work, c10::ivalue::Future* cpu_future = nullptr);
 
 }  // namespace trainsup

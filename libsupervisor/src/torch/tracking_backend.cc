@@ -27,16 +27,11 @@ struct ProcessGroupAccess : c10d::ProcessGroup {
 
 }  // namespace
 
-std::optional<bool> pollWork(c10d::Work& work) {
+std::optional<bool> pollWork(c10d::Work& work, c10::ivalue::Future* cpu_future) {
   if (work.isCompleted()) return work.exception() == nullptr;
   // gloo marks a work's (CPU) future complete a moment before the work itself, when the
   // collective has truly finished; a CUDA future (NCCL) completes at enqueue and says nothing.
-  try {
-    auto future = work.getFuture();
-    if (future && future->devices().empty() && future->completed()) return !future->hasError();
-  } catch (const c10::Error&) {
-    // no future: the work alone tells
-  }
+  if (cpu_future != nullptr && cpu_future->completed()) return !cpu_future->hasError();
   return std::nullopt;
 }
 
@@ -55,17 +50,19 @@ void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Wor
     tracker_.untrack(seq);  // nothing to observe (a backend that returns no work)
     return;
   }
-  watcher_.watch(seq, [work]() { return pollWork(*work); });
-  // A future's callback may fire at enqueue (NCCL) or at true completion (gloo): either way it
-  // is only a hint to poll now; the outcome is read from the work.
+  // A CPU future (gloo) completes at true completion: its callback wakes the watcher and the
+  // poll reads it. A CUDA one (NCCL) completes at enqueue: the work alone tells.
+  c10::intrusive_ptr<c10::ivalue::Future> cpu_future;
   try {
     auto future = work->getFuture();
-    if (future && future->devices().empty()) {  // CPU futures only: a CUDA one completes at enqueue
-      CompletionWatcher* watcher = &watcher_;
-      future->addCallback([watcher](c10::ivalue::Future&) { watcher->nudge(); });
-    }
+    if (future && future->devices().empty()) cpu_future = std::move(future);
   } catch (const c10::Error&) {
-    // A work without a future: the interval poll alone sees it finish.
+    // a work without a future: the interval poll of the work alone sees it finish
+  }
+  watcher_.watch(seq, [work, cpu_future]() { return pollWork(*work, cpu_future.get()); });
+  if (cpu_future) {
+    CompletionWatcher* watcher = &watcher_;
+    cpu_future->addCallback([watcher](c10::ivalue::Future&) { watcher->nudge(); });
   }
 }
 
