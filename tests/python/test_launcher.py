@@ -2,6 +2,7 @@
 stopped on host-b is named, host-b is quarantined and its agent leaves, the job resumes on
 host-a and the spare host-c from the newest valid checkpoint and finishes with the parameters
 of a run that never failed; the same when a host dies outright under the etcd-v2 rendezvous."""
+import glob
 import json
 import os
 import re
@@ -25,7 +26,26 @@ def _run(scenario, workdir, *extra):
     out = subprocess.run([sys.executable, SCENARIO, scenario, str(workdir), "--steps", STEPS, *extra], env=env,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    summary["workdir"] = str(workdir)
+    return summary
+
+
+def _explain(summary):
+    """What a failed scenario assertion shows: the summary, every agent's event log (compact)
+    and the tail of each agent's output, so that a failure on CI can be understood from its log."""
+    workdir = summary.get("workdir", "")
+    lines = [json.dumps(summary)]
+    for path in sorted(glob.glob(os.path.join(workdir, "run", "agent-*.events.jsonl"))):
+        lines.append(f"--- {os.path.basename(path)}")
+        for e in _events(path):
+            extra = {k: v for k, v in e.items() if k not in ("event", "time", "mono_ns", "host", "pid")}
+            lines.append(f"{e['time']:.3f} {e['event']} {json.dumps(extra)[:160]}")
+    for path in sorted(glob.glob(os.path.join(workdir, "agent-*.out"))):
+        with open(path, errors="replace") as f:
+            tail = f.read().splitlines()[-10:]
+        lines += [f"--- {os.path.basename(path)} (last lines)"] + tail
+    return "\n".join(lines)
 
 
 def _events(path):
@@ -53,15 +73,15 @@ def _assert_same_training(ref, path):
 
 def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path, clean):
     s = _run("spare", tmp_path / "spare")
-    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95, "host-c": 0}, s
-    assert s["quarantine"] == ["host-b"]
+    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95, "host-c": 0}, _explain(s)
+    assert s["quarantine"] == ["host-b"], _explain(s)
     run = tmp_path / "spare" / "run"
     a = _events(run / "agent-host-a.events.jsonl")
     b = _events(run / "agent-host-b.events.jsonl")
     # Named within 10 s of the fault, with its host. Every agent logs the verdict when it sees it;
     # the first one to see it is when the job learned it (the report counts the same one).
     verdict = min((e for e in a + b if e["event"] == "verdict"), key=lambda e: e["time"])
-    assert verdict["hosts"] == ["host-b"] and verdict["kind"] in ("silent_rank", "hung_rank"), verdict
+    assert verdict["hosts"] == ["host-b"] and verdict["kind"] in ("silent_rank", "hung_rank"), _explain(s)
     took = verdict["time"] - s["fault_time"]
     print(f"[measure] host-b named ({verdict['kind']}) {took:.2f} s after its worker was stopped")
     assert took <= 10, took
@@ -103,8 +123,8 @@ def test_a_host_that_dies_outright_is_named_and_evicted_and_the_job_goes_on_unde
     s = _run("host_death", tmp_path / "death")
     victim = s["victim"]
     survivor = ({"host-a", "host-b"} - {victim}).pop()
-    assert s["agent_exit_codes"] == {victim: -9, survivor: 0, "host-c": 0}, s
-    assert s["quarantine"] == [victim]
+    assert s["agent_exit_codes"] == {victim: -9, survivor: 0, "host-c": 0}, _explain(s)
+    assert s["quarantine"] == [victim], _explain(s)
     run = tmp_path / "death" / "run"
     events = _events(run / f"agent-{survivor}.events.jsonl") + _events(run / "agent-host-c.events.jsonl")
     verdict = min((e for e in events if e["event"] == "verdict"), key=lambda e: e["time"])
@@ -135,8 +155,8 @@ def test_a_user_code_error_quarantines_no_host_and_the_restart_cap_ends_the_job(
     s = _run("user_error", tmp_path / "user")
     # Every attempt raises at step 120: the job-wide cap (2 restarts here) ends it with 96, the
     # documented "do not requeue" code, on every agent; no host is blamed.
-    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96}, s
-    assert s["quarantine"] == []
+    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96}, _explain(s)
+    assert s["quarantine"] == [], _explain(s)
     run = tmp_path / "user" / "run"
     events = _events(run / "agent-host-a.events.jsonl") + _events(run / "agent-host-b.events.jsonl")
     kinds = {e["kind"] for e in events if e["event"] == "verdict"}
@@ -156,7 +176,7 @@ def test_restarts_that_never_pass_the_same_checkpoint_end_the_job_before_the_cap
     restart cap (20)."""
     workdir = tmp_path / "guard"
     s = _run("user_error", workdir, "--no-progress-guard")
-    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96}, s
+    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96}, _explain(s)
     events = _events(workdir / "run" / "agent-host-a.events.jsonl") + _events(workdir / "run" / "agent-host-b.events.jsonl")
     give_up = [e for e in events if e["event"] == "give_up"]
     assert give_up and all("without a newer checkpoint (cap 1)" in e["reason"] for e in give_up), give_up
@@ -167,8 +187,8 @@ def test_restarts_that_never_pass_the_same_checkpoint_end_the_job_before_the_cap
 
 def test_an_agent_stopped_by_the_scheduler_is_not_taken_for_a_dead_host(tmp_path):
     s = _run("preempt", tmp_path / "preempt")
-    assert s["agent_exit_codes"]["host-a"] == 0 and s["agent_exit_codes"]["host-b"] != 0, s
-    assert s["quarantine"] == []
+    assert s["agent_exit_codes"]["host-a"] == 0 and s["agent_exit_codes"]["host-b"] != 0, _explain(s)
+    assert s["quarantine"] == [], _explain(s)
     run = tmp_path / "preempt" / "run"
     a = _events(run / "agent-host-a.events.jsonl")
     b = _events(run / "agent-host-b.events.jsonl")
@@ -230,8 +250,8 @@ def test_a_preempted_job_saves_one_step_on_every_rank_and_resumes_from_it(tmp_pa
 
 def test_without_a_spare_the_job_shrinks_to_one_host_and_finishes(tmp_path):
     s = _run("shrink", tmp_path / "shrink")
-    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95}, s
-    assert s["quarantine"] == ["host-b"]
+    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95}, _explain(s)
+    assert s["quarantine"] == ["host-b"], _explain(s)
     a = _events(tmp_path / "shrink" / "run" / "agent-host-a.events.jsonl")
     last = [e for e in a if e["event"] == "rendezvous"][-1]
     assert last["round"] >= 1 and last["group_world"] == 1, last

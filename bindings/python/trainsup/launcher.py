@@ -14,17 +14,17 @@ rendezvous, wrapped so that
   newest valid checkpoint moving, ends with EXIT_DO_NOT_REQUEUE (96).
 Each agent writes its events to <run dir>/agent-<host>.events.jsonl (docs/events.md).
 """
+import glob
 import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 
 from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler
-
-import glob
 
 from . import _torchrun_compat as compat
 from .classify import classify, tail
@@ -53,10 +53,18 @@ class AgentEvents:
         self._lock = threading.Lock()
 
     def write(self, event, **fields):
+        """Appends one event. A log that cannot be written (a full disk) loses the event, says so
+        once on stderr, and never stops the agent from doing what the event reports."""
         line = {"event": event, "time": time.time(), "mono_ns": time.monotonic_ns(), "host": self.host,
                 "pid": os.getpid(), **fields}
-        with self._lock, open(self.path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        try:
+            with self._lock, open(self.path, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as e:
+            if not getattr(self, "_warned", False):
+                self._warned = True
+                print(f"[trainsup] agent event log {self.path}: {e} (events are lost until it can be written)",
+                      file=sys.stderr, flush=True)
 
 
 def _children():
@@ -105,7 +113,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                      self._host_lost, interval_s=settings["agent_heartbeat_s"],
                                      timeout_s=settings["agent_timeout_s"],
                                      on_error=lambda host, e: self.events.write("agent_lost_unhandled",
-                                                                                lost_host=host, error=str(e)))
+                                                                                lost_host=host, error=str(e)),
+                                     on_unconfirmed=lambda host, silent_s, own: self.events.write(
+                                         "agent_silence_unconfirmed", silent_host=host, silent_s=round(silent_s, 3),
+                                         own_beats=own))
         self._preflight()
 
     def _preflight(self):
@@ -374,33 +385,48 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self._exit(EXIT_DO_NOT_REQUEUE)
 
     def _watch_loop(self):
+        """Acts on the round's first verdict. Nothing that goes wrong in one pass may end the
+        thread: an agent that stopped watching would never leave when its own host is named."""
         while not self._stop.wait(0.2):
-            services = self.services
-            if services is None:
-                continue
             try:
-                v = services.first_verdict()
-            except Exception:
-                continue
-            if v is None:
-                continue
-            key = (services.job_id, json.dumps(v, sort_keys=True))
-            if key in self._handled_verdicts:
-                continue
-            self._handled_verdicts.add(key)
-            self.events.write("verdict", round=self.round, kind=v["kind"], ranks=v["ranks"], hosts=v["hosts"],
-                              section=v.get("section", ""), evidence=v.get("evidence", ""))
-            culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
-            for host in culprits:
+                self._watch_once()
+            except Exception as e:
+                try:
+                    self.events.write("agent_watch_error", error=f"{type(e).__name__}: {e}")
+                except Exception:
+                    pass  # the event log is what failed: the next pass tries again
+
+    def _watch_once(self):
+        services = self.services
+        if services is None:
+            return
+        try:
+            v = services.first_verdict()
+        except Exception:
+            return  # the store is away for a moment: the next pass asks again
+        if v is None:
+            return
+        key = (services.job_id, json.dumps(v, sort_keys=True))
+        if key in self._handled_verdicts:
+            return
+        self._handled_verdicts.add(key)
+        self.events.write("verdict", round=self.round, kind=v["kind"], ranks=v["ranks"], hosts=v["hosts"],
+                          section=v.get("section", ""), evidence=v.get("evidence", ""))
+        culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
+        for host in culprits:
+            try:
                 if self.quarantine.get(host) is None and (services.in_office or host == self.node):
-                    self._quarantine(host, v.get("evidence", v["kind"]), v["kind"], gpu=(v.get("gpus") or [""])[0])
+                    self._quarantine(host, v.get("evidence", v["kind"]), v["kind"],
+                                     gpu=(v.get("gpus") or [""])[0])
+            finally:
                 if host == self.node:
-                    # Our worker may be stopped or stuck: end it now so that the agent restarts,
-                    # finds the host quarantined and leaves.
+                    # Our worker may be stopped or stuck: end it now (even if the record could
+                    # not be written) so that the agent restarts, finds the host quarantined and
+                    # leaves.
                     for pid in _children():
                         for sig in (signal.SIGCONT, signal.SIGKILL):
                             try:
                                 os.kill(pid, sig)
-                            except ProcessLookupError:
+                            except (ProcessLookupError, PermissionError):
                                 pass
                     self.events.write("workers_killed", reason="host quarantined")

@@ -12,6 +12,13 @@ normal end, a quarantine exit, giving up, a signal from the scheduler), is repor
 on_lost(host, silent_s, node_desc, round) on the watching thread; if on_lost raises, on_error
 is told and the host is reported again at the next check.
 
+Silence only counts while the watcher's own view is fresh: a host is reported only if, since its
+counter last moved, the watcher's own counter has moved at least `own_beats_needed` times. A
+stalled store (every counter stops at once) or a watcher that was not scheduled therefore
+reports nobody, where it would otherwise take every host it watches for dead. An agent that is
+itself frozen past the timeout is still reported: its node monitor forwards its ranks'
+telemetry, so to the job it is a dead host.
+
 The store must be a client of this agent's own: a TCPStore client serialises its operations, and
 torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
 would stop the keep-alive and get this host taken for dead.
@@ -32,24 +39,31 @@ from .telemetry import peek
 
 
 class HostLiveness:
-    def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0, on_error=None):
+    def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0, on_error=None,
+                 on_unconfirmed=None, clock=time.monotonic, start=True):
         self.store = store
+        self.clock = clock
         self.run_id = run_id
         self.host = host
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s)
         self.on_lost = on_lost
         self.on_error = on_error or (lambda host, error: None)
+        # Own keep-alives that must have gone through during a host's silence for it to count:
+        # most of those due in the timeout, allowing for a late one or two.
+        self.own_beats_needed = max(1, int(self.timeout_s / self.interval_s) - 2)
+        self.unconfirmed = 0          # checks that found a silence but a stale own view
+        self.on_unconfirmed = on_unconfirmed or (lambda host, silent_s, own_beats: None)
         self._node = json.dumps(node_desc)
         self._lock = threading.Lock()
         self._round = None            # (round, group_rank, group_world) of our last rendezvous
-        self._seen = {}               # host -> (node, counter value, monotonic time it last changed)
+        self._seen = {}               # host -> (node, counter value, time it last changed, own counter then)
         self._lost = set()            # (host, node) reported lost
         self._stop = threading.Event()
         self.store.set(self._key(host, "node"), self._node)
-        self._beat()
+        self.beat()
         self._threads = [threading.Thread(target=self._loop, args=(fn,), name=f"trainsup-agent-{name}", daemon=True)
-                         for name, fn in (("keepalive", self._beat), ("watch", self._check))]
+                         for name, fn in (("keepalive", self.beat), ("watch", self.check))] if start else []
         for t in self._threads:
             t.start()
 
@@ -59,7 +73,8 @@ class HostLiveness:
     def _round_key(self, rnd, group_rank):
         return f"agents/{self.run_id}/round-{rnd}/{group_rank}"
 
-    def _beat(self):
+    def beat(self):
+        """Renews this agent's keep-alive (the keep-alive thread calls it every interval_s)."""
         self.store.add(self._key(self.host, "beat"), 1)
 
     def joined_round(self, rnd, group_rank, group_world):
@@ -109,9 +124,12 @@ class HostLiveness:
                 hosts.append(host)
         return rnd, hosts
 
-    def _check(self):
+    def check(self):
+        """Reads the watched agents' counters and reports those silent for timeout_s (the watch
+        thread calls it every interval_s)."""
         rnd, hosts = self._watched()
-        now = time.monotonic()
+        now = self.clock()
+        own = int(peek(self.store, self._key(self.host, "beat")) or 0)
         for host in hosts:
             node = peek(self.store, self._key(host, "node"))
             if (host, node) in self._lost:
@@ -119,10 +137,14 @@ class HostLiveness:
             value = peek(self.store, self._key(host, "beat"))
             last = self._seen.get(host)
             if last is None or last[:2] != (node, value):
-                self._seen[host] = (node, value, now)  # a new agent of the host starts afresh
+                self._seen[host] = (node, value, now, own)  # a new agent of the host starts afresh
                 continue
             silent = now - last[2]
             if silent < self.timeout_s or peek(self.store, self._key(host, "left")) == node:
+                continue
+            if own - last[3] < self.own_beats_needed:
+                self.unconfirmed += 1  # our own keep-alives stalled too: the store or we were stuck
+                self.on_unconfirmed(host, silent, own - last[3])
                 continue
             try:
                 self.on_lost(host, silent, json.loads(node) if node else None, rnd)

@@ -1,0 +1,87 @@
+"""HostLiveness (trainsup/liveness.py): the launcher's check that names a host whose agent died.
+Driven by hand here (no threads) on an in-process store and a clock the test sets, so each test
+says exactly which keep-alives went through when."""
+import torch.distributed as dist
+
+from trainsup.liveness import HostLiveness
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _pair(store, clock, lost, **kw):
+    """host-a watches host-b (a round of two); returns (a, b)."""
+    a = HostLiveness(store, "run", "host-a", ["a", 1, 0], lambda *args: lost.append(args), clock=clock,
+                     start=False, **kw)
+    b = HostLiveness(store, "run", "host-b", ["b", 2, 0], lambda *args: None, clock=clock, start=False)
+    a.joined_round(0, 0, 2)
+    b.joined_round(0, 1, 2)
+    return a, b
+
+
+def _tick(clock, a, b, seconds, a_beats=True, b_beats=True):
+    """`seconds` one-second intervals: each one the agents that beat do, then host-a checks."""
+    for _ in range(seconds):
+        clock.t += 1.0
+        if a_beats:
+            a.beat()
+        if b_beats:
+            b.beat()
+        a.check()
+
+
+def test_a_host_whose_keepalive_stops_is_reported_after_the_timeout():
+    store, clock, lost = dist.HashStore(), Clock(), []
+    a, b = _pair(store, clock, lost, timeout_s=5.0)
+    _tick(clock, a, b, 3)
+    _tick(clock, a, b, 4, b_beats=False)
+    assert lost == []  # its counter last moved 4 s ago: under the timeout
+    _tick(clock, a, b, 1, b_beats=False)
+    assert len(lost) == 1
+    host, silent_s, node, rnd = lost[0]
+    assert (host, node, rnd) == ("host-b", ["b", 2, 0], 0) and silent_s >= 5.0
+    _tick(clock, a, b, 3, b_beats=False)
+    assert len(lost) == 1  # reported once
+
+
+def test_a_stalled_store_takes_nobody_for_dead():
+    # Every keep-alive stops at once (the store, or this agent, was stuck): no host is named,
+    # however long it lasts, and none once the keep-alives resume.
+    store, clock, lost, unconfirmed = dist.HashStore(), Clock(), [], []
+    a, b = _pair(store, clock, lost, timeout_s=5.0, on_unconfirmed=lambda *args: unconfirmed.append(args))
+    _tick(clock, a, b, 3)
+    _tick(clock, a, b, 20, a_beats=False, b_beats=False)
+    _tick(clock, a, b, 10)
+    assert lost == []
+    assert a.unconfirmed > 0 and unconfirmed[0][0] == "host-b" and unconfirmed[0][2] == 0
+
+
+def test_a_silence_that_began_in_a_stall_counts_from_when_our_keepalives_resume():
+    store, clock, lost = dist.HashStore(), Clock(), []
+    a, b = _pair(store, clock, lost, timeout_s=5.0)
+    _tick(clock, a, b, 2)
+    _tick(clock, a, b, 8, a_beats=False, b_beats=False)  # a stall, then host-b is really gone
+    _tick(clock, a, b, a.own_beats_needed - 1, b_beats=False)
+    assert lost == []
+    _tick(clock, a, b, 1, b_beats=False)
+    assert [x[0] for x in lost] == ["host-b"]
+
+
+def test_an_agent_that_left_on_purpose_or_was_replaced_is_not_reported():
+    store, clock, lost = dist.HashStore(), Clock(), []
+    a, b = _pair(store, clock, lost, timeout_s=5.0)
+    _tick(clock, a, b, 2)
+    b.left()
+    _tick(clock, a, b, 10, b_beats=False)
+    assert lost == []
+    # A new agent on host-b (a requeue): its own silence is counted afresh.
+    b2 = HostLiveness(store, "run", "host-b", ["b", 3, 0], lambda *args: None, clock=clock, start=False)
+    _tick(clock, a, b2, 4, b_beats=False)
+    assert lost == []
+    _tick(clock, a, b2, 2, b_beats=False)
+    assert [(x[0], x[2]) for x in lost] == [("host-b", ["b", 3, 0])]
