@@ -149,8 +149,10 @@ def test_cpp_example_checkpoint_is_readable(tmp_path):
     trainer = os.environ.get("TRAINSUP_EXAMPLE_TRAIN")
     if not trainer or not os.path.exists(trainer):
         pytest.skip("the C++ example trainer was not built (TRAINSUP_WITH_TORCH=OFF)")
+    # busy policy "wait": steps take microseconds, so with "skip" the step-20 checkpoint is skipped
+    # whenever step 10's persist is still running (seen on CI); the saved steps must not depend on timing.
     env = dict(os.environ, TRAINSUP_LOG_DIR=str(tmp_path), TRAINSUP_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-               TRAINSUP_LOG_STDERR="0")
+               TRAINSUP_LOG_STDERR="0", TRAINSUP_CHECKPOINT_BUSY_POLICY="wait")
     subprocess.run([trainer, "--steps", "21", "--checkpoint-every", "10", "--hidden", "32"], env=env, check=True,
                    capture_output=True, timeout=120)
     ck = trainsup.load_checkpoint(str(tmp_path / "ckpt"))

@@ -29,6 +29,7 @@ def _run(tmp_path, tag, model, world, ckpt_dir, extra=(), steps=STEPS):
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TRAINSUP_CHECKPOINT_DIR=str(ckpt_dir), TRAINSUP_LOG_DIR=str(tmp_path / "logs"),
                    TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1",
+                   TRAINSUP_CHECKPOINT_BUSY_POLICY="wait",  # which steps are saved must not depend on timing
                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                    PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         cmd = [sys.executable, WORKER, "--model", model, "--steps", str(steps), "--checkpoint-every", str(EVERY),

@@ -85,3 +85,4 @@ def test_an_agent_that_left_on_purpose_or_was_replaced_is_not_reported():
     assert lost == []
     _tick(clock, a, b2, 2, b_beats=False)
     assert [(x[0], x[2]) for x in lost] == [("host-b", ["b", 3, 0])]
+

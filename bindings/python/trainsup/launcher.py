@@ -203,7 +203,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.services = NodeServices(self.store, f"{self.get_run_id()}.{self.round}", self.node, group_world * nproc,
                                      self.settings["socket_dir"], bind=self.settings["bind"],
                                      advertise=self.settings["advertise"],
-                                     on_event=lambda name, **f: self.events.write(name, round=self.round, **f))
+                                     on_event=lambda name, **f: self.events.write(name, round=self.round, **f),
+                                     on_verdict=self._report)
         os.environ.update(self.services.rank_env)
         os.environ["TRAINSUP_NODE_NAME"] = self.node
         os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
@@ -213,6 +214,17 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
         return result
+
+    def _report(self, v):
+        """Every verdict of the coordinator in this agent (fatal ones are also acted on through
+        the store, by every agent). A straggler is only reported: the job goes on, and this is
+        where its operator learns which rank and host hold it back."""
+        if v["kind"] != "straggler":
+            return
+        self.events.write("straggler", round=self.round, ranks=v["ranks"], hosts=v["hosts"], gpus=v.get("gpus", []),
+                          evidence=v.get("evidence", ""))
+        print(f"[trainsup] straggler: rank(s) {v['ranks']} on host(s) {v['hosts']}: {v.get('evidence', '')}",
+              file=sys.stderr, flush=True)
 
     # --- policies ---
     def _expected_back(self, hosts):
