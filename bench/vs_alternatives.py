@@ -23,6 +23,7 @@ Per case, from the job's own step logs and the system's own logs and events:
                survivors go on without the victim, or a verdict/report appears), capped
   named        whether the culprit rank and host are named, and the system's own words
   next_step_s  fault -> the first training step completed after the system recovered
+  world_after  how many ranks that step had (2: the job kept both hosts; 1: it left one behind)
   replayed     steps done before the fault and done again after it (and their seconds)
   finished     whether the job completed all its steps (within the cap)
 
@@ -411,7 +412,9 @@ class Case:
             if self.fault == "slow_rank":
                 row["next_step_s"] = "n/a (no stop)"
             elif after:
-                row["next_step_s"] = round(min(e["t"] for e in after) - fault_t, 2)
+                first = min(after, key=lambda e: e["t"])
+                row["next_step_s"] = round(first["t"] - fault_t, 2)
+                row["world_after"] = first.get("world")  # ranks training after recovery (2: none lost)
                 # Work replayed: steps completed before the fault and completed again after it.
                 redone = [e["step"] for h in HOSTS for e in self.steps(h)
                           if e["event"] == "step" and e["t"] > fault_t]
@@ -465,7 +468,8 @@ def main():
                 row = Case(cls, fault, root, a).run()
             rows.append(row)
             print(json.dumps(row), flush=True)
-    cols = ("system", "fault", "detect_s", "rank_named", "host_named", "next_step_s", "replayed_steps", "finished")
+    cols = ("system", "fault", "detect_s", "rank_named", "host_named", "next_step_s", "world_after",
+            "replayed_steps", "finished")
     print("\n" + " | ".join(cols))
     for r in rows:
         print(" | ".join(fmt(r.get(c, "")) for c in cols) + (f"  ({r['error']})" if "error" in r else ""))
