@@ -395,8 +395,11 @@ class Case:
                 if e["event"] == "step" and e["t"] > fault_t and e.get("world", 2) < victim.get("world", 2):
                     reaction_t = min(reaction_t or e["t"], e["t"])
                     break
+            if self.fault == "slow_rank":
+                reaction_t = None  # nothing must stop: only a report counts (processes end with the job)
             times = [t for t in (reaction_t, verdict_t) if t is not None]
-            row["detect_s"] = round(min(times) - fault_t, 2) if times else f">{cap:g}"
+            row["detect_s"] = (round(min(times) - fault_t, 2) if times else
+                               "none" if self.fault == "slow_rank" else f">{cap:g}")
             row["rank_named"], row["host_named"], row["evidence"] = rank_named, host_named, quote
             # Recovery: the first step after the fault by a rank (re)started after it, or by the
             # survivor once it goes on with fewer ranks.
