@@ -3,7 +3,7 @@
 state, the same disk, in one run (issue 11, docs/comparison.md).
 
 The state: a model of Linear layers and its AdamW optimizer after one step (parameters plus two
-moments: about --mib MiB in all), in one process on the CPU. Each system saves it, in turn and
+moments: about --mib MiB in all), in one process on the CPU (in a gloo process group of one, as in a job). Each system saves it, in turn and
 alternating over --reps rounds (the median is reported), into a fresh folder under --dir:
 
   torch.save          torch.save of {model, optimizer} state dicts to one file (no fsync: as
@@ -239,6 +239,16 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated systems (default: all)")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    # A process group of one, as a training job has: DCP's process-based async_save needs one (its
+    # background process joins it), and every system then runs as it would in a job.
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
     root = pathlib.Path(a.dir or tempfile.mkdtemp(prefix="trainsup-ckpt-vs-"))
     root.mkdir(parents=True, exist_ok=True)
     names = [n for n in SYSTEMS if not a.only or n in a.only.split(",")]
@@ -246,21 +256,24 @@ def main():
     print(f"state: {nbytes / 2**20:.0f} MiB ({len(model)} layers + AdamW), dir {root}, {a.reps} rounds", flush=True)
     runs = {n: [] for n in names}
     errors = {}
-    for rep in range(a.reps):
-        order = names if rep % 2 == 0 else list(reversed(names))
-        for name in order:
-            if name in errors:
-                continue
-            folder = root / f"{name}-{rep}"
+    # DCP's process-based writer leaves its background process running (for the next save): it
+    # goes after every round of the others, so that it cannot slow them down.
+    late = [n for n in names if n == "dcp.async_save+process"]
+    early = [n for n in names if n not in late]
+    plan = [n for rep in range(a.reps) for n in (early if rep % 2 == 0 else list(reversed(early)))] + late * a.reps
+    for rep, name in enumerate(plan):
+        if name in errors:
+            continue
+        folder = root / f"{name}-{rep}"
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        try:
+            runs[name].append(SYSTEMS[name](model, opt, folder, a.compute_ms))
+        except Exception as e:  # the row says why, in the system's own words
+            errors[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+            traceback.print_exc(limit=3, file=sys.stderr)
+        finally:
             shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir(parents=True)
-            try:
-                runs[name].append(SYSTEMS[name](model, opt, folder, a.compute_ms))
-            except Exception as e:  # the row says why, in the system's own words
-                errors[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
-                traceback.print_exc(limit=3, file=sys.stderr)
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
     med = {n: {k: statistics.median(r[k] for r in runs[n]) for k in ("stall_s", "persist_s", "restore_s")}
            for n in names if runs[n]}
     gib = nbytes / 2**30
@@ -283,6 +296,7 @@ def main():
             summary[f"{k[:-2]}_ratio"] = round(ours[best_ours][k] / max(alts[best_alt][k], 1e-9), 3)
             summary[f"{k[:-2]}_best_alternative"] = best_alt
     shutil.rmtree(root, ignore_errors=True) if a.dir is None else None
+    dist.destroy_process_group()
     print(json.dumps(summary))
 
 

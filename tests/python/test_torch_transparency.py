@@ -1,7 +1,7 @@
 """With trainsup, a job behaves as without it: a selection of PyTorch's own distributed tests
-(shipped in the torch wheel, torch.testing._internal.distributed, gloo, 2 ranks) has the same
-outcome with every process group routed through trainsup's tracking backend as without, and
-the routed run really went through the wrapper (dist.get_backend() still "gloo")."""
+(shipped in the torch wheel, torch.testing._internal.distributed, gloo, 2 ranks) passes, as it
+does on plain torch, with every process group routed through trainsup's tracking backend, and
+the run really went through the wrapper (dist.get_backend() still "gloo")."""
 import json
 import os
 import subprocess
@@ -40,23 +40,19 @@ def _run(tmp_path, routed):
 
 
 def test_pytorch_distributed_tests_have_the_same_outcomes_with_trainsup(tmp_path):
-    runs = {routed: _run(tmp_path, routed) for routed in (False, True)}  # side by side
-    results = {}
-    for routed, (p, out) in runs.items():
-        log, _ = p.communicate(timeout=900)
-        assert out.exists(), log[-4000:]
-        results[routed] = json.loads(out.read_text())
-    plain, routed = results[False], results[True]
-    assert set(plain["outcomes"]) == set(TESTS), plain
-    assert routed["outcomes"] == plain["outcomes"], {"plain": plain["outcomes"], "routed": routed["outcomes"]}
-    assert set(plain["outcomes"].values()) == {"passed"}, plain["outcomes"]
-    # Every rank of the routed run had the wrapper in front of its default group, still named gloo.
+    # Every one of these passes on plain torch (the torch release CI pins; that run was dropped
+    # from CI for time, so outcome "passed" under trainsup is the same outcome as without it).
+    p, out = _run(tmp_path, routed=True)
+    log, _ = p.communicate(timeout=900)
+    assert out.exists(), log[-4000:]
+    routed = json.loads(out.read_text())
+    assert routed["outcomes"] == {t: "passed" for t in TESTS}, routed["outcomes"]
+    # Every rank had the wrapper in front of its default group, still named gloo.
     stats = routed["rank_stats"]
     assert stats, "the routed run recorded no rank"
     assert {s["wrapped"] for s in stats} == {"TrackingBackend"}, stats
     assert {s["get_backend"] for s in stats} == {"gloo"}, stats
     assert sum(s["issued"] for s in stats) > 0 and all(s["pending"] == 0 for s in stats), stats
-    assert plain["rank_stats"] == []
 
 
 def test_distributed_checkpoint_of_an_fsdp2_model_works_with_trainsup(tmp_path):
