@@ -295,7 +295,8 @@ def main():
             best_ours = min(ours, key=lambda n: ours[n][k])
             summary[f"{k[:-2]}_ratio"] = round(ours[best_ours][k] / max(alts[best_alt][k], 1e-9), 3)
             summary[f"{k[:-2]}_best_alternative"] = best_alt
-    shutil.rmtree(root, ignore_errors=True) if a.dir is None else None
+    if a.dir is None:
+        shutil.rmtree(root, ignore_errors=True)
     dist.destroy_process_group()
     print(json.dumps(summary))
 

@@ -51,6 +51,7 @@ class AgentEvents:
         self.path = os.path.join(run_dir, f"agent-{host}.events.jsonl")
         self.host = host
         self._lock = threading.Lock()
+        self._warned = False
 
     def write(self, event, **fields):
         """Appends one event. A log that cannot be written (a full disk) loses the event, says so
@@ -61,7 +62,7 @@ class AgentEvents:
             with self._lock, open(self.path, "a") as f:
                 f.write(json.dumps(line) + "\n")
         except OSError as e:
-            if not getattr(self, "_warned", False):
+            if not self._warned:
                 self._warned = True
                 print(f"[trainsup] agent event log {self.path}: {e} (events are lost until it can be written)",
                       file=sys.stderr, flush=True)
@@ -403,10 +404,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             try:
                 self._watch_once()
             except Exception as e:
-                try:
-                    self.events.write("agent_watch_error", error=f"{type(e).__name__}: {e}")
-                except Exception:
-                    pass  # the event log is what failed: the next pass tries again
+                self.events.write("agent_watch_error", error=f"{type(e).__name__}: {e}")  # never raises
 
     def _watch_once(self):
         services = self.services
