@@ -41,6 +41,20 @@ def test_each_kind_of_fault_names_its_gpu(fake_nvml):
     assert bad == ["GPU-fake-01", "GPU-fake-02", "GPU-fake-03"]
 
 
+def test_records_carry_the_counters_read_and_none_where_the_gpu_cannot_say(fake_nvml):
+    fake_nvml("count=2 ecc1=5 no_ecc0 remap_pending1")
+    records, note = preflight.gpu_records()
+    assert note == "2 GPU(s) checked"
+    assert [r["uuid"] for r in records] == ["GPU-fake-00", "GPU-fake-01"]
+    assert records[0]["ecc_uncorrected"] is None and records[1]["ecc_uncorrected"] == 5
+    assert records[1]["remapped_rows"]["pending"] and not records[1]["remapped_rows"]["failed"]
+    assert records[0]["retired_pages_pending"] is False
+    assert preflight.problems_of(records[0]) == []
+    collected = []
+    healthy, _, bad = preflight.run(command="", records=collected)
+    assert not healthy and bad == ["GPU-fake-01"] and collected == records
+
+
 def test_a_gpu_without_ecc_is_not_a_fault_and_no_driver_is_a_normal_state(fake_nvml, monkeypatch):
     fake_nvml("count=2 no_ecc0 remap_pending1")
     assert preflight.gpu_checks()[0] == ["GPU 1 (GPU-fake-01): row remapping pending (reset the GPU)"]
@@ -64,3 +78,5 @@ def test_a_host_with_ecc_errors_quarantines_itself_with_the_gpu_and_never_joins(
     assert "GPU 0 (GPU-fake-00): 7 uncorrectable ECC errors" in record["reason"]
     events = [json.loads(line) for line in (run / "agent-host-ecc.events.jsonl").read_text().splitlines()]
     assert not any(e["event"] == "rendezvous" for e in events)
+    (pre,) = [e for e in events if e["event"] == "preflight"]
+    assert [(g["uuid"], g["ecc_uncorrected"]) for g in pre["gpus"]] == [("GPU-fake-00", 7), ("GPU-fake-01", 0)]

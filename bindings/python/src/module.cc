@@ -23,6 +23,7 @@
 #include "trainsup/config.h"
 #include "trainsup/coordinator.h"
 #include "trainsup/exit_codes.h"
+#include "trainsup/nccl.h"
 #include "trainsup/node_monitor.h"
 #include "trainsup/supervisor.h"
 #include "trainsup/version.h"
@@ -516,6 +517,12 @@ PYBIND11_MODULE(_trainsup, m) {
     return out;
   }, py::arg("n") = 100);
   m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
+  // NCCL communicators made outside torch (an ncclComm_t as an integer address) join the list the
+  // Supervisor aborts on its abort paths (trainsup/nccl.h); scripts/gpu_check.py uses them.
+  m.def("_register_nccl_communicator", [](uintptr_t comm) { registerNcclCommunicator(reinterpret_cast<void*>(comm)); });
+  m.def("_unregister_nccl_communicator",
+        [](uintptr_t comm) { unregisterNcclCommunicator(reinterpret_cast<void*>(comm)); });
+  m.def("_nccl_status", [] { return loadNccl().toString(); });
 
   py::class_<Supervisor, std::unique_ptr<Supervisor, ReleaseGilDelete>>(m, "Supervisor")
       .def(py::init(&create), py::arg("overrides"))

@@ -121,8 +121,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._preflight()
 
     def _preflight(self):
-        healthy, details, bad_gpus = preflight.run(self.settings.get("preflight_command"))
-        self.events.write("preflight", healthy=healthy, details=details, bad_gpus=bad_gpus)
+        gpus = []
+        healthy, details, bad_gpus = preflight.run(self.settings.get("preflight_command"), records=gpus)
+        self.events.write("preflight", healthy=healthy, details=details, bad_gpus=bad_gpus, gpus=gpus)
         if not healthy and self.quarantine.get(self.node) is None:
             self._quarantine(self.node, "preflight: " + "; ".join(details[1:]), "preflight", gpu=",".join(bad_gpus))
 

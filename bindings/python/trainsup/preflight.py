@@ -54,55 +54,88 @@ def _call(lib, fn, *args):
     return None if f is None else f(*args)
 
 
-def gpu_checks():
-    """(problems, note, bad_gpus): problems name the GPU (index and UUID) and what is wrong;
-    bad_gpus are the UUIDs of the GPUs with a problem."""
+def gpu_records():
+    """(records, note): one dict per device NVML sees, with what the checks read:
+    index, uuid, ecc_uncorrected (volatile count; None where the GPU has no ECC or the driver
+    cannot say), retired_pages_pending (bool or None), remapped_rows (dict of correctable,
+    uncorrectable, pending, failed; None where unsupported), accessible (False: no handle).
+    Empty records and a note saying why when there is no NVML, driver or device."""
     lib = _nvml()
     if lib is None:
-        return [], "no NVML (no NVIDIA driver): GPU checks skipped", []
+        return [], "no NVML (no NVIDIA driver): GPU checks skipped"
     if lib.nvmlInit_v2() != NVML_SUCCESS:
-        return [], "NVML present but no usable driver/device: GPU checks skipped", []
-    problems, bad = [], []
+        return [], "NVML present but no usable driver/device: GPU checks skipped"
+    records = []
     try:
         count = ctypes.c_uint(0)
         if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != NVML_SUCCESS:
-            return [], "NVML could not count devices: GPU checks skipped", []
+            return [], "NVML could not count devices: GPU checks skipped"
         for i in range(count.value):
             dev = ctypes.c_void_p()
             if lib.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(dev)) != NVML_SUCCESS:
-                problems.append(f"GPU {i}: not accessible")
-                bad.append(f"GPU {i}")
+                records.append({"index": i, "uuid": "", "accessible": False})
                 continue
             buf = ctypes.create_string_buffer(96)
             uuid = buf.value.decode() if _call(lib, "nvmlDeviceGetUUID", dev, buf, 96) == NVML_SUCCESS else ""
-            name = f"GPU {i} ({uuid})" if uuid else f"GPU {i}"
-            found = []
+            record = {"index": i, "uuid": uuid, "accessible": True, "ecc_uncorrected": None,
+                      "retired_pages_pending": None, "remapped_rows": None}
             ecc = ctypes.c_ulonglong(0)
             if _call(lib, "nvmlDeviceGetTotalEccErrors", dev, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC,
-                     ctypes.byref(ecc)) == NVML_SUCCESS and ecc.value > 0:
-                found.append(f"{ecc.value} uncorrectable ECC errors")
+                     ctypes.byref(ecc)) == NVML_SUCCESS:
+                record["ecc_uncorrected"] = ecc.value
             pending = ctypes.c_int(0)
-            if _call(lib, "nvmlDeviceGetRetiredPagesPendingStatus", dev, ctypes.byref(pending)) == NVML_SUCCESS and \
-                    pending.value == NVML_FEATURE_ENABLED:
-                found.append("retired pages pending (reset the GPU)")
+            if _call(lib, "nvmlDeviceGetRetiredPagesPendingStatus", dev, ctypes.byref(pending)) == NVML_SUCCESS:
+                record["retired_pages_pending"] = pending.value == NVML_FEATURE_ENABLED
             corr, unc, is_pending, failure = (ctypes.c_uint(0) for _ in range(4))
             if _call(lib, "nvmlDeviceGetRemappedRows", dev, ctypes.byref(corr), ctypes.byref(unc),
                      ctypes.byref(is_pending), ctypes.byref(failure)) == NVML_SUCCESS:
-                if failure.value:
-                    found.append("row remapping failed")
-                elif is_pending.value:
-                    found.append("row remapping pending (reset the GPU)")
-            problems += [f"{name}: {f}" for f in found]
-            if found:
-                bad.append(uuid or f"GPU {i}")
-        return problems, f"{count.value} GPU(s) checked", bad
+                record["remapped_rows"] = {"correctable": corr.value, "uncorrectable": unc.value,
+                                           "pending": bool(is_pending.value), "failed": bool(failure.value)}
+            records.append(record)
+        return records, f"{count.value} GPU(s) checked"
     finally:
         lib.nvmlShutdown()
 
 
-def run(command=None):
-    """(healthy, details, bad_gpus) for this host."""
-    problems, note, bad = gpu_checks()
+def problems_of(record):
+    """What is wrong with one GPU record of gpu_records(): [] for a healthy GPU."""
+    if not record.get("accessible", True):
+        return ["not accessible"]
+    found = []
+    if record.get("ecc_uncorrected"):
+        found.append(f"{record['ecc_uncorrected']} uncorrectable ECC errors")
+    if record.get("retired_pages_pending"):
+        found.append("retired pages pending (reset the GPU)")
+    rows = record.get("remapped_rows") or {}
+    if rows.get("failed"):
+        found.append("row remapping failed")
+    elif rows.get("pending"):
+        found.append("row remapping pending (reset the GPU)")
+    return found
+
+
+def gpu_checks(records=None, note=None):
+    """(problems, note, bad_gpus): problems name the GPU (index and UUID) and what is wrong;
+    bad_gpus are the UUIDs of the GPUs with a problem. Reads NVML unless given gpu_records()."""
+    if records is None:
+        records, note = gpu_records()
+    problems, bad = [], []
+    for r in records:
+        found = problems_of(r)
+        name = f"GPU {r['index']} ({r['uuid']})" if r.get("uuid") else f"GPU {r['index']}"
+        problems += [f"{name}: {f}" for f in found]
+        if found:
+            bad.append(r.get("uuid") or f"GPU {r['index']}")
+    return problems, note, bad
+
+
+def run(command=None, records=None):
+    """(healthy, details, bad_gpus) for this host. `records`, when given a list, receives the
+    GPU records the checks read (gpu_records())."""
+    found, note = gpu_records()
+    if records is not None:
+        records.extend(found)
+    problems, note, bad = gpu_checks(found, note)
     details = [note] + problems
     command = os.environ.get("TRAINSUP_PREFLIGHT_COMMAND", "") if command is None else command
     if command:
