@@ -7,10 +7,12 @@ is reported and the others still run:
             flight in trainsup's collective tracker until the kernel ends, and its recorded
             duration covers the wait (ratio recorded / true, true = from the call until the
             kernel's own CUDA event is done, polled every 0.2 ms)
-  abort     a rank whose collective is blocked on the device gets the coordinator's abort order
-            (a communication_fault verdict over a fixed 3 s all-reduce budget); trainsup's
-            ncclCommAbort releases the blocked NCCL kernel and the rank exits with
-            EXIT_ABORTED (94) within a stated time
+  abort     a rank whose tracked all-reduce is held on the device (queued behind an 8 s
+            kernel) gets the coordinator's abort order (a communication_fault verdict over a
+            fixed 3 s all-reduce budget); trainsup's ncclCommAbort runs on a registered NCCL
+            communicator and succeeds, and the rank exits with EXIT_ABORTED (94) within a
+            stated time. (A kernel waiting for a peer cannot be made on one GPU: see
+            docs/gpu-validation.md.)
   nvml      the preflight reads the GPU's ECC, retired-page and row-remap counters, passes the
             healthy GPU, and the UUIDs it records, and the one the rank logs, are nvidia-smi's
   snapshot  a few GiB of CUDA state copied to pinned staging memory by a blocking checkpoint,
@@ -34,9 +36,10 @@ import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
-LIMITS_S = {"tracking": 120, "abort": 150, "nvml": 60, "snapshot": 240}
+LIMITS_S = {"tracking": 60, "abort": 90, "nvml": 60, "snapshot": 150}  # 360 s in all, plus the build
 ABORT_BUDGET_S = 3.0        # the fixed all-reduce budget the abort check's coordinator uses
 ABORT_EXIT_WITHIN_S = 10.0  # stated: the rank exits this soon after the verdict
+ABORT_KERNEL_S = 8.0        # the kernel the abort check's all-reduce waits behind (GPU)
 SNAPSHOT_TARGET = 0.9       # trainsup's copy rate / plain cudaMemcpy into pinned memory
 
 
@@ -62,6 +65,25 @@ def events_of(log_dir):
 
 
 # ---------------------------------------------------------------- tracking
+def sleep_cycles_per_s():
+    """torch.cuda._sleep counts SM clock cycles: warm the clocks up (an idle GPU runs at a
+    fraction of its boost clock), then time two 0.5 s kernels and take the faster rate, so that
+    a kernel sized from it lasts at least as long as asked."""
+    import torch
+    torch.cuda._sleep(1_000_000_000)
+    torch.cuda.synchronize()
+    rates = []
+    for _ in range(2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        cycles = 1_000_000_000
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / (start.elapsed_time(end) / 1000.0))
+    return max(rates)
+
+
 def child_tracking(cpu):
     import torch
     import torch.distributed as dist
@@ -79,7 +101,7 @@ def child_tracking(cpu):
         os.environ.setdefault("WORLD_SIZE", str(world))
         peer = None
     os.environ["RANK"] = str(rank)
-    hold_s = 3.0
+    hold_s = 4.5
     if cpu:
         trainsup.init_process_group("gloo", rank=rank, world_size=world)
         t = torch.ones(1 << 16)
@@ -97,13 +119,7 @@ def child_tracking(cpu):
     sleep_event = None
     if not cpu:
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        cycles = 100_000_000
-        start.record()
-        torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        cycles_per_s = cycles / (start.elapsed_time(end) / 1000.0)
+        cycles_per_s = sleep_cycles_per_s()
         begin, sleep_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         torch.cuda._sleep(int(cycles_per_s * hold_s))
@@ -112,7 +128,7 @@ def child_tracking(cpu):
     work = dist.all_reduce(t, async_op=True)
     record = trainsup.recent_collectives(1)[-1]
     views = []
-    for at in (0.5, 1.5, 2.5):
+    for at in (0.5, 2.0, 3.5):
         while time.monotonic_ns() < t_call + at * 1e9:
             time.sleep(0.01)
         now = [r for r in trainsup.recent_collectives(4) if r["seq"] == record["seq"]][0]
@@ -153,8 +169,10 @@ def child_tracking(cpu):
 def judge_tracking(r):
     in_flight = all(v["exit_ns"] == 0 and v["pending"] >= 1 and not v["work_completed"] for v in r["views"])
     ratio = r.get("ratio")
-    return in_flight and r["record"]["ok"] and ratio is not None and 0.9 <= ratio <= 1.1, \
-        f"in flight at 0.5/1.5/2.5 s: {in_flight}; recorded/true = {ratio}"
+    held = r.get("kernel_s") is None or r["kernel_s"] > 3.6  # the kernel outlasted the last read
+    return in_flight and held and r["record"]["ok"] and ratio is not None and 0.9 <= ratio <= 1.1, \
+        (f"in flight at 0.5/2.0/3.5 s: {in_flight}; kernel {r.get('kernel_s')} s, recorded {r.get('recorded_s')} s, "
+         f"true {r.get('true_s')} s: recorded/true = {ratio}")
 
 
 # ---------------------------------------------------------------- abort
@@ -176,9 +194,10 @@ def load_nccl():
 
 
 class RawNccl:
-    """A one-rank NCCL communicator of our own (ctypes), to park an NCCL kernel on the device: a
-    receive from ourselves that no send matches."""
-    FLOAT32 = 7
+    """A one-rank NCCL communicator of our own (ctypes), registered with trainsup's abort list
+    so that the abort path's ncclCommAbort runs on a real communicator. (A kernel that waits for
+    a peer cannot be parked on one GPU: NCCL refuses a receive from self without a matching send
+    with ncclInvalidUsage, on the host.)"""
 
     def __init__(self, device):
         import torch
@@ -190,24 +209,17 @@ class RawNccl:
         init = self.lib.ncclCommInitRank
         init.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, NcclUniqueId, ctypes.c_int]
         self._check(init(ctypes.byref(self.comm), 1, uid, 0), "ncclCommInitRank")
-        self.stream = torch.cuda.Stream(device=device)
-        self.buf = torch.zeros(1 << 20, device=device)
 
     def _check(self, rc, what):
         if rc != 0:
             self.lib.ncclGetErrorString.restype = ctypes.c_char_p
             raise RuntimeError(f"{what}: {self.lib.ncclGetErrorString(rc).decode()} ({rc})")
 
-    def park(self):
-        recv = self.lib.ncclRecv
-        recv.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        self._check(recv(ctypes.c_void_p(self.buf.data_ptr()), self.buf.numel(), self.FLOAT32, 0, self.comm,
-                         ctypes.c_void_p(self.stream.cuda_stream)), "ncclRecv")
 
 
 def child_abort_rank(cpu):
-    """The supervised rank: its tracked all-reduce is held (GPU: behind a parked NCCL receive,
-    or a long kernel where NCCL will not park; CPU: by a peer that never joins)."""
+    """The supervised rank: its tracked all-reduce is held (GPU: queued behind an 8 s kernel;
+    CPU: by a peer that never joins) until the coordinator's abort order ends the process."""
     import torch
     import torch.distributed as dist
     import trainsup
@@ -216,34 +228,20 @@ def child_abort_rank(cpu):
     rank = int(os.environ["RANK"])
     probe = {"rank": rank}
     sup = trainsup.Supervisor(abort_grace_s=15, handle_signals=False)
-    raw = None
     if not cpu:
         torch.cuda.set_device(0)
+        probe["nccl_status"] = trainsup._trainsup._nccl_status()
         try:
             raw = RawNccl(torch.device("cuda", 0))
             trainsup._trainsup._register_nccl_communicator(raw.comm.value)
             probe["raw_comm"] = "ok"
-        except Exception as e:  # reported; the check then holds the collective with a long kernel
+        except Exception as e:  # reported: the judge then finds no nccl_abort event
             probe["raw_comm"] = f"{type(e).__name__}: {e}"
-        probe["nccl_status"] = trainsup._trainsup._nccl_status()
 
     def on_abort(section, step):
-        # trainsup aborted its registered NCCL communicators before calling this.
-        t0 = time.monotonic()
-        probe["abort_callback_at"] = time.time()
-        if raw is not None and probe.get("parked"):
-            released = False
-            while time.monotonic() - t0 < 5:
-                try:
-                    released = raw.stream.query()
-                except Exception as e:  # an aborted kernel may surface as a CUDA error
-                    probe["raw_stream_error"] = str(e)[:300]
-                    released = True
-                if released:
-                    break
-                time.sleep(0.001)
-            probe["raw_released"] = released
-            probe["raw_released_after_s"] = round(time.monotonic() - t0, 4)
+        # Runs after trainsup's ncclCommAbort of the registered communicators, before torch's
+        # own abort (registered later, by init_process_group).
+        probe["abort_callback_at_mono_ns"] = time.monotonic_ns()
         with open(probe_file, "w") as f:
             json.dump(probe, f)
 
@@ -256,49 +254,25 @@ def child_abort_rank(cpu):
         t = torch.ones(1 << 20, device="cuda")
     for _ in range(25):
         dist.all_reduce(t)
-    if not cpu:
-        torch.cuda.synchronize()
     if cpu and rank == 1:
         print("holding", flush=True)
         time.sleep(3600)  # never joins: the coordinator's abort order ends this process
-    if raw is not None and probe["raw_comm"] == "ok":
-        # On a thread: should NCCL block the caller instead of the device, this one goes on.
-        import threading
-        outcome = {}
-
-        def park():
-            try:
-                raw.park()
-                outcome["ok"] = True
-            except Exception as e:
-                outcome["error"] = f"{type(e).__name__}: {e}"
-
-        th = threading.Thread(target=park, daemon=True)
-        th.start()
-        th.join(5)
-        if th.is_alive():
-            probe.update(parked=False, park_error="ncclRecv did not return within 5 s (it blocks the host)")
-        elif "error" in outcome:
-            probe.update(parked=False, park_error=outcome["error"])
-        else:
-            time.sleep(1.0)
-            probe["parked"] = not raw.stream.query()  # still running after a second: parked
     if not cpu:
-        if probe.get("parked"):
-            torch.cuda.current_stream().wait_stream(raw.stream)  # the all-reduce waits for the parked receive
-            probe["held_by"] = "parked NCCL receive"
-        else:
-            torch.cuda._sleep(int(2e9 * 120))  # ~2 minutes: only an abort ends this in time
-            probe["held_by"] = "long kernel"
+        torch.cuda.synchronize()
+        cycles_per_s = sleep_cycles_per_s()
+        # Long enough to outlast detection (the 3 s budget), short enough that the aborts that
+        # wait for the device (ncclCommAbort frees device memory) return within the stated time.
+        torch.cuda._sleep(int(cycles_per_s * ABORT_KERNEL_S))
+        probe["held_by"] = f"a {ABORT_KERNEL_S:g} s kernel"
     with open(probe_file, "w") as f:
         json.dump(probe, f)
     print("blocked", flush=True)
     dist.all_reduce(t)
     if not cpu:
         torch.cuda.synchronize()
-    # Released: by trainsup's abort of the parked receive (the abort path is then exiting the
-    # process with EXIT_ABORTED), or by nothing, which the parent reports. Either way this
-    # thread does not close the Supervisor under the abort path's feet.
+    # Released: by the kernel's end, while the abort path is exiting the process with
+    # EXIT_ABORTED, or by nothing, which the parent reports. This thread does not close the
+    # Supervisor under the abort path's feet.
     print("released", flush=True)
     time.sleep(300)
 
@@ -319,18 +293,22 @@ def child_abort(cpu):
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TRAINSUP_LOG_DIR=os.path.join(work, "logs"), TRAINSUP_LOG_STDERR="0", TRAINSUP_JOB_ID="gpu-check",
                    GPU_CHECK_PROBE=os.path.join(work, f"probe-{rank}.json"), **services.rank_env)
+        env.pop("NCCL_DEBUG", None)  # NCCL's own prints would share the pipe the harness reads
         procs.append(subprocess.Popen([sys.executable, HERE, "--child", "abort_rank"] + (["--rehearse-cpu"] if cpu else []),
-                                      env=env, stdout=subprocess.PIPE, text=True))
+                                      env=env, stdout=subprocess.PIPE, bufsize=0))
     t_blocked = None
-    said = []
+    said = b""
+    fd = procs[0].stdout.fileno()
     deadline = time.monotonic() + 90
     while t_blocked is None and time.monotonic() < deadline:
-        ready, _, _ = select.select([procs[0].stdout], [], [], max(0.0, deadline - time.monotonic()))
-        line = procs[0].stdout.readline() if ready else ""
-        if ready and not line:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
             break  # the rank ended before it was blocked
-        said.append(line)
-        if line.strip() == "blocked":
+        said += chunk
+        if b"blocked\n" in said:
             t_blocked = time.monotonic()
     codes = [None] * world
     verdict = None
@@ -351,7 +329,7 @@ def child_abort(cpu):
             p.wait()
             codes[i] = p.returncode
     t_exit = time.monotonic()
-    rest = "".join(said) + procs[0].stdout.read()
+    rest = (said + procs[0].stdout.read()).decode(errors="replace")
     services.close()
     probe = {}
     try:
@@ -387,12 +365,10 @@ def judge_abort(r, cpu):
            f"code {trainsup.EXIT_ABORTED})")
     if not cpu:
         nccl = r["events"].get("nccl_abort", {})
-        released = r["probe"].get("raw_released")
         ok = ok and nccl.get("aborted", 0) >= 1 and nccl.get("failed", 1) == 0
-        if r["probe"].get("parked"):
-            ok = ok and released is True
-        why += (f"; held by {r['probe'].get('held_by')}; trainsup's ncclCommAbort: {nccl or 'not called'}; "
-                f"parked kernel released: {released} after {r['probe'].get('raw_released_after_s')} s")
+        why += (f"; held by {r['probe'].get('held_by')}; trainsup's ncclCommAbort of a registered communicator: "
+                f"{ {k: nccl.get(k) for k in ('aborted', 'failed', 'error')} if nccl else 'not called'}; "
+                f"NCCL: {r['probe'].get('nccl_status')}, communicator: {r['probe'].get('raw_comm')}")
     return ok, why
 
 
@@ -650,13 +626,13 @@ def main():
         c = report["checks"][name]
         print(f"[gpu-check] {name}: {'PASS' if c['passed'] else 'FAIL'} ({c['seconds']} s): {c['why']}",
               file=sys.stderr, flush=True)
-    report["checks_s"] = round(time.monotonic() - t0, 1)
-    report["passed"] = all(c["passed"] for c in report["checks"].values())
-    line = json.dumps(report)
+        report["checks_s"] = round(time.monotonic() - t0, 1)
+        report["passed"] = len(report["checks"]) == len(names) and all(c["passed"] for c in report["checks"].values())
+        line = json.dumps(report)
+        if a.out:  # after every check: a run cut short still leaves what it found
+            with open(os.path.join(a.out, "gpu-check.json"), "w") as f:
+                f.write(line + "\n")
     print(line)
-    if a.out:
-        with open(os.path.join(a.out, "gpu-check.json"), "w") as f:
-            f.write(line + "\n")
     return 0 if report["passed"] else 1
 
 

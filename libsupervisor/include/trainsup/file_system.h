@@ -46,7 +46,7 @@ class TRAINSUP_EXPORT FileSystem {
   virtual Result<std::unique_ptr<ReadableFile>> newReadableFile(const std::string& path) = 0;
   virtual Status rename(const std::string& from, const std::string& to) = 0;  // atomic replace
   virtual Status syncDir(const std::string& dir) = 0;                         // fsync a directory
-  virtual Status createDirs(const std::string& dir) = 0;                      // mkdir -p
+  virtual Status createDirs(const std::string& dir) = 0;  // mkdir -p; each directory made is fsynced into its parent
   virtual Status removeFile(const std::string& path) = 0;                     // missing = OK
   virtual Status removeDir(const std::string& dir) = 0;                       // empty dir; missing = OK
   virtual Result<std::vector<std::string>> listDir(const std::string& dir) = 0;  // names, no . or ..

@@ -523,6 +523,11 @@ void Checkpointer::Impl::persist(Job& j) {
   ShardInfo mine;
   Status s = j.copy_status;
   if (s.isOk()) s = fs->createDirs(dir);
+  // The step directory's entry in the checkpoint directory must be durable before anything in
+  // it counts: without this fsync a power loss can drop the whole directory of a checkpoint
+  // reported committed, after retention has already deleted the older ones
+  // (tests/core/crash_safety_test.cc).
+  if (s.isOk()) s = fs->syncDir(options.dir);
   if (s.isOk()) s = writeShard(*fs, dir, identity.rank, identity.world_size, j.step, j.buffers, &mine);
   // Report to rank 0 either way, so it does not wait for a shard that will never come.
   std::string report = s.isOk() ? "ok " + std::to_string(mine.file_size) + " " + std::to_string(mine.index_xxh3)

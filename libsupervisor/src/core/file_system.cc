@@ -145,7 +145,14 @@ class PosixFileSystem final : public FileSystem {
       pos = dir.find('/', pos + 1);
       partial = dir.substr(0, pos);
       if (partial.empty()) continue;
-      if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) return posixError("mkdir", partial, errno);
+      if (::mkdir(partial.c_str(), 0755) == 0) {
+        // A new directory's entry is durable once its parent is fsynced.
+        const size_t slash = partial.find_last_of('/');
+        const std::string parent = slash == 0 ? "/" : slash == std::string::npos ? "." : partial.substr(0, slash);
+        if (Status s = syncDir(parent); !s.isOk()) return s;
+      } else if (errno != EEXIST) {
+        return posixError("mkdir", partial, errno);
+      }
     }
     return Status::ok();
   }
