@@ -97,7 +97,7 @@ TEST(CheckpointFormatTest, ShardAndManifestRoundTripBitwise) {
   m.step = 99;
   m.world_size = 1;
   m.job_id = "j";
-  m.shards = {{0, "a.tsc", 123, 0xdeadbeefcafef00dULL}};
+  m.shards = {{0, shardFileName(0, 1), 123, 0xdeadbeefcafef00dULL}};
   m.metadata = {{"epoch", "3"}};
   ASSERT_TRUE(writeManifest(FileSystem::posix(), dir, m).isOk());
   auto rm = readManifest(FileSystem::posix(), dir);
@@ -174,6 +174,22 @@ TEST(CheckpointRestoreTest, DamagedCheckpointsAreSkippedWithTheRightReason) {
     ShardInfo info;
     ASSERT_TRUE(writeShard(FileSystem::posix(), d, 0, 1, 2, other.refs(), &info).isOk());
   }, "differs from the manifest");
+  // A manifest whose checksum is right but whose content points elsewhere (tampering, or a
+  // copied manifest): another step, another rank's shard, a file outside the directory.
+  auto rewrite = [](const std::string& d, const std::function<void(Manifest&)>& edit) {
+    auto m = readManifest(FileSystem::posix(), d);
+    ASSERT_TRUE(m.isOk()) << m.status().toString();
+    edit(*m);
+    ASSERT_TRUE(writeManifest(FileSystem::posix(), d, *m).isOk());
+  };
+  expectSkipped("otherStep", [&](const std::string& d) { rewrite(d, [](Manifest& m) { m.step = 9; }); },
+                "the manifest is of step 9");
+  expectSkipped("traversal", [&](const std::string& d) {
+    rewrite(d, [](Manifest& m) { m.shards[0].file = "../../escape.tsc"; });
+  }, "expected rank 0 and 'shard-r00000-of-00001.tsc'");
+  expectSkipped("noWorld", [&](const std::string& d) {
+    rewrite(d, [](Manifest& m) { m.world_size = 0; m.shards.clear(); });
+  }, "0 shards for world size 0");
 }
 
 TEST(CheckpointRestoreTest, WorldSizeMismatchIsSkippedAndAClearErrorWhenNothingElseFits) {

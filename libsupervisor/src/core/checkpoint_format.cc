@@ -433,9 +433,19 @@ Result<Manifest> readManifest(FileSystem& fs, const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     return corrupt(path, std::string("unreadable manifest: ") + e.what());
   }
-  if (static_cast<int>(m.shards.size()) != m.world_size) {
+  if (m.world_size < 1 || static_cast<int>(m.shards.size()) != m.world_size) {
     return corrupt(path, "manifest lists " + std::to_string(m.shards.size()) + " shards for world size " +
                              std::to_string(m.world_size));
+  }
+  // Shard r is the r-th entry and has the name the writer gives it: a manifest can never point
+  // a reader at another rank's shard, or at a file outside its directory.
+  for (int r = 0; r < m.world_size; ++r) {
+    const ManifestShard& ms = m.shards[static_cast<size_t>(r)];
+    if (ms.rank != r || ms.file != shardFileName(r, m.world_size)) {
+      return corrupt(path, "manifest entry " + std::to_string(r) + " names rank " + std::to_string(ms.rank) +
+                               " and file '" + ms.file + "'; expected rank " + std::to_string(r) + " and '" +
+                               shardFileName(r, m.world_size) + "'");
+    }
   }
   return m;
 }

@@ -707,6 +707,9 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     std::unique_ptr<ShardReader> shard;
     if (!manifest) {
       st = manifest.status().code() == StatusCode::kNotFound ? Status::notFound("missing manifest") : manifest.status();
+    } else if (manifest->step != step) {
+      st = Status::corruption("the manifest is of step " + std::to_string(manifest->step) + ", its directory of step " +
+                              std::to_string(step));
     } else if (manifest->world_size != m.identity.world_size && !m.options.replicated) {
       ++world_mismatches;
       mismatch_world = manifest->world_size;
@@ -730,6 +733,12 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
         st = opened.status();
       } else if ((*opened)->info().index_xxh3 != ms.xxh3) {
         st = Status::corruption("checksum mismatch: the shard's index differs from the manifest");
+      } else if (const ShardInfo& si = (*opened)->info();
+                 si.rank != shard_rank || si.world_size != manifest->world_size || si.step != step) {
+        st = Status::corruption("the shard is rank " + std::to_string(si.rank) + " of " + std::to_string(si.world_size) +
+                                " at step " + std::to_string(si.step) + "; the manifest expects rank " +
+                                std::to_string(shard_rank) + " of " + std::to_string(manifest->world_size) +
+                                " at step " + std::to_string(step));
       } else {
         ++loads_attempted;
         st = load(*manifest, **opened);

@@ -1,0 +1,82 @@
+// Fuzz target: the telemetry frame decoder (trainsup/telemetry_wire.h), which every coordinator
+// and node monitor runs on bytes from any peer that can reach its port.
+//
+// Input: byte 0 picks the chunk size the stream is fed in (1..64 bytes, as a socket may split
+// it); the rest is the stream. Invariants: the decoder never buffers more than one frame's
+// worth, every message it yields has at most kRecordsPerFrame records of its type only, and
+// re-encoding a yielded message and decoding it again gives the same message.
+#include <cstring>
+
+#include "fuzz_entry.h"
+#include "trainsup/telemetry_wire.h"
+
+namespace {
+
+using namespace trainsup;
+
+constexpr JobToken kToken = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+size_t records(const WireMessage& m) {
+  return m.collectives.size() + m.heartbeats.size() + m.stalls.size() + m.aborts.size() + m.hellos.size() +
+         m.gones.size();
+}
+
+bool same(const WireMessage& a, const WireMessage& b) {
+  if (a.type != b.type || records(a) != records(b)) return false;
+  for (size_t i = 0; i < a.collectives.size(); ++i) {
+    const auto &x = a.collectives[i], &y = b.collectives[i];
+    if (x.rank != y.rank || x.seq != y.seq || x.op != y.op || x.bytes != y.bytes || x.enter_ns != y.enter_ns ||
+        x.exit_ns != y.exit_ns) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < a.heartbeats.size(); ++i) {
+    const auto &x = a.heartbeats[i], &y = b.heartbeats[i];
+    if (x.rank != y.rank || x.step != y.step || x.sent_ns != y.sent_ns || x.in_section_ns != y.in_section_ns ||
+        std::memcmp(x.section, y.section, sizeof(x.section)) != 0) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < a.hellos.size(); ++i) {
+    const auto &x = a.hellos[i], &y = b.hellos[i];
+    if (x.rank != y.rank || x.local_rank != y.local_rank || std::memcmp(x.host, y.host, sizeof(x.host)) != 0 ||
+        std::memcmp(x.gpu, y.gpu, sizeof(x.gpu)) != 0) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < a.gones.size(); ++i) {
+    if (a.gones[i].rank != b.gones[i].rank || a.gones[i].reason != b.gones[i].reason) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TRAINSUP_FUZZ_ENTRY(trainsupFuzzTelemetryFrame) {
+  if (size == 0) return 0;
+  const size_t chunk = (data[0] % 64) + 1;
+  FrameDecoder decoder(kToken);
+  for (size_t off = 1; off < size; off += chunk) {
+    const size_t n = std::min(chunk, size - off);
+    for (const WireMessage& m : decoder.feed(data + off, n)) {
+      TRAINSUP_FUZZ_CHECK(records(m) <= kRecordsPerFrame);
+      size_t of_type = 0;
+      switch (m.type) {
+        case WireType::kCollectives: of_type = m.collectives.size(); break;
+        case WireType::kHeartbeat: of_type = m.heartbeats.size(); break;
+        case WireType::kStall: of_type = m.stalls.size(); break;
+        case WireType::kAbort: of_type = m.aborts.size(); break;
+        case WireType::kHello: of_type = m.hellos.size(); break;
+        case WireType::kGone: of_type = m.gones.size(); break;
+      }
+      TRAINSUP_FUZZ_CHECK(of_type == records(m));
+      const std::string again = encodeFrame(m, kToken);
+      FrameDecoder check(kToken);
+      auto decoded = check.feed(reinterpret_cast<const uint8_t*>(again.data()), again.size());
+      TRAINSUP_FUZZ_CHECK(decoded.size() == 1 && same(m, decoded[0]));
+    }
+    // Never more than a header and the largest payload waiting for their end.
+    TRAINSUP_FUZZ_CHECK(decoder.buffered() <= 28 + kMaxPayload);
+  }
+  return 0;
+}
