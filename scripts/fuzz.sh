@@ -38,7 +38,7 @@ failed=0
 for target in telemetry_frame checkpoint; do
   corpus=$build/corpus/$target
   crashes=$build/crashes/$target
-  mkdir -p "$corpus" "$crashes"
+  mkdir -p "$corpus" "$crashes" "fuzz/regressions/$target"
   log=$build/fuzz-$target.log
   set +e
   # -max_len: a frame's header and a few records; a manifest and a small shard.

@@ -368,6 +368,9 @@ class PyCoordinator {
     d["dropped_frames"] = c.dropped_frames;
     d["verdicts"] = c.verdicts;
     d["consequences"] = c.consequences;
+    d["garbage_bytes"] = c.garbage_bytes;
+    d["conflicting_records"] = c.conflicting_records;
+    d["accept_errors"] = c.accept_errors;
     return d;
   }
   void stop() { coordinator_->stop(); }
@@ -407,6 +410,8 @@ class PyNodeMonitor {
     d["coordinator_connects"] = c.coordinator_connects;
     d["coordinator_connected"] = c.coordinator_connected;
     d["aborts_relayed"] = c.aborts_relayed;
+    d["garbage_bytes"] = c.garbage_bytes;
+    d["accept_errors"] = c.accept_errors;
     return d;
   }
   void stop() {

@@ -12,7 +12,11 @@
 // connected rank is sent an abort frame naming the culprit (abort_on_verdict); a straggler is
 // reported and the job goes on. Ranks and node monitors say who they are in hello records, and
 // a rank's departure (a WireGone record, or its connection closing) is a dead rank unless it
-// said goodbye. Once the abort order went out, later verdicts (ranks leaving because of it,
+// said goodbye. The connection that last said hello for a rank is the only one that speaks for
+// it: that rank's records on other connections (replayed frames, a stale connection) are
+// dropped and counted, and only that connection's closing is the rank's departure. The token
+// is the authentication: a peer that has it can still impersonate a rank with a hello. Garbage
+// bytes, malformed frames and failed accepts are counted; none stops the coordinator. Once the abort order went out, later verdicts (ranks leaving because of it,
 // collectives left open) are consequences: counted, not reported. stop() is idempotent and joins the thread; the destructor calls it.
 #pragma once
 
@@ -54,6 +58,9 @@ class TRAINSUP_EXPORT Coordinator {
   struct Counters {
     uint64_t connections = 0, frames = 0, records = 0, dropped_frames = 0, verdicts = 0;
     uint64_t consequences = 0;  // verdicts after the abort order: counted, not reported
+    uint64_t garbage_bytes = 0;        // bytes skipped looking for a frame's start (not a frame)
+    uint64_t conflicting_records = 0;  // records of a rank that said hello on another connection
+    uint64_t accept_errors = 0;        // failed accepts (e.g. out of descriptors), retried
   };
   Counters counters() const;
   // What the coordinator knows of every rank (from start() and the hellos since), for a

@@ -52,6 +52,8 @@ class TRAINSUP_EXPORT NodeMonitor {
   struct Counters {
     uint64_t local_connections = 0, frames_in = 0, records_in = 0, dropped_frames = 0;
     uint64_t records_forwarded = 0, records_dropped = 0, coordinator_connects = 0, aborts_relayed = 0;
+    uint64_t garbage_bytes = 0;  // bytes skipped looking for a frame's start
+    uint64_t accept_errors = 0;  // failed accepts (e.g. out of descriptors), retried
     bool coordinator_connected = false;
   };
   Counters counters() const;

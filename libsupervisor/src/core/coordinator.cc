@@ -1,7 +1,9 @@
 #include "trainsup/coordinator.h"
 
 #include <boost/asio.hpp>
+#include <algorithm>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -24,12 +26,20 @@ struct Coordinator::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer timer{io};
+  asio::steady_timer accept_retry{io};
   std::thread thread;
   uint16_t port = 0;
 
   // I/O thread only.
   std::unique_ptr<Detector> detector;
   std::vector<std::weak_ptr<class Connection>> connections;
+  // The connection that last said hello for each rank: only it speaks for the rank, and only
+  // its closing is the rank's departure (frames of that rank replayed on another connection,
+  // or a stale connection closing late, change nothing). Ranks nobody said hello for (older
+  // peers) are spoken for by any connection, as before.
+  // (Identity only, never dereferenced; every connection leaves through Connection::closed(),
+  // which takes its entries out, before it can be destroyed.)
+  std::map<int, const class Connection*> owner;
   bool aborted = false;
   void broadcastAbort(const Verdict& v);
 
@@ -54,6 +64,7 @@ int64_t nowNs() { return Clock::real().monotonicNow().count(); }
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
+
   // Queues a frame to this peer (I/O thread).
   void send(std::shared_ptr<std::string> frame) {
     auto self = shared_from_this();
@@ -83,26 +94,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
                        (after.bad_type - before.bad_type) + (after.bad_length - before.bad_length) +
                        (after.bad_token - before.bad_token);
     if (dropped > 0) o.count(&Coordinator::Counters::dropped_frames, dropped);
+    if (after.bad_magic_bytes > before.bad_magic_bytes) {
+      o.count(&Coordinator::Counters::garbage_bytes, after.bad_magic_bytes - before.bad_magic_bytes);
+    }
     const int64_t now = nowNs();
+    uint64_t conflicting = 0;
+    // Another connection said hello for this rank more recently: this one does not speak for it.
+    auto foreign = [&](int rank) {
+      auto it = o.owner.find(rank);
+      const bool other = it != o.owner.end() && it->second != this;
+      conflicting += other;
+      return other;
+    };
     for (const auto& m : messages) {
       o.count(&Coordinator::Counters::frames);
-      for (const auto& c : m.collectives) {
-        ranks_.insert(c.rank);
-        auto op = c.op < kCollectiveOpCount ? static_cast<CollectiveOp>(c.op) : CollectiveOp::kOther;
-        o.detector->onEnter(c.rank, c.seq, op, c.bytes, now);
-        if (c.exit_ns > 0) o.detector->onExit(c.rank, c.seq, c.exit_ns - c.enter_ns, now);
-      }
-      for (const auto& h : m.heartbeats) {
-        ranks_.insert(h.rank);
-        o.detector->onHeartbeat(h.rank, now);
-        if (h.section[0] != '\0') o.detector->onProgress(h.rank, h.step, h.section, h.in_section_ns, now);
-      }
-      for (const auto& s : m.stalls) {
-        ranks_.insert(s.rank);
-        o.detector->onRankStalled(s.rank, s.section, s.step, now);
-      }
+      // Hellos first: a connection's first frame may carry its hello and records together.
       for (const auto& h : m.hellos) {
         ranks_.insert(h.rank);
+        o.owner[h.rank] = this;
         RankInfo info;
         info.rank = h.rank;
         info.local_rank = h.local_rank;
@@ -114,7 +123,26 @@ class Connection : public std::enable_shared_from_this<Connection> {
           if (h.rank >= 0 && static_cast<size_t>(h.rank) < o.known.size()) mergeRankInfo(o.known[h.rank], info);
         }
       }
+      for (const auto& c : m.collectives) {
+        if (foreign(c.rank)) continue;
+        ranks_.insert(c.rank);
+        auto op = c.op < kCollectiveOpCount ? static_cast<CollectiveOp>(c.op) : CollectiveOp::kOther;
+        o.detector->onEnter(c.rank, c.seq, op, c.bytes, now);
+        if (c.exit_ns > 0) o.detector->onExit(c.rank, c.seq, c.exit_ns - c.enter_ns, now);
+      }
+      for (const auto& h : m.heartbeats) {
+        if (foreign(h.rank)) continue;
+        ranks_.insert(h.rank);
+        o.detector->onHeartbeat(h.rank, now);
+        if (h.section[0] != '\0') o.detector->onProgress(h.rank, h.step, h.section, h.in_section_ns, now);
+      }
+      for (const auto& s : m.stalls) {
+        if (foreign(s.rank)) continue;
+        ranks_.insert(s.rank);
+        o.detector->onRankStalled(s.rank, s.section, s.step, now);
+      }
       for (const auto& g : m.gones) {
+        if (foreign(g.rank)) continue;
         if (g.reason == kGoneFinished) {
           o.detector->onFinished(g.rank);
         } else if (g.reason == kGoneFailed) {
@@ -128,10 +156,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
       o.count(&Coordinator::Counters::records, m.collectives.size() + m.heartbeats.size() + m.stalls.size() +
                                                    m.hellos.size() + m.gones.size());
     }
+    if (conflicting > 0) o.count(&Coordinator::Counters::conflicting_records, conflicting);
   }
   void closed() {
     const int64_t now = nowNs();
-    for (int r : ranks_) owner_->detector->onDisconnect(r, now);
+    auto& owner = owner_->owner;
+    for (int r : ranks_) {
+      auto it = owner.find(r);
+      if (it != owner.end() && it->second != this) continue;  // it said hello elsewhere since: still there
+      if (it != owner.end()) owner.erase(it);
+      owner_->detector->onDisconnect(r, now);
+    }
   }
 
   tcp::socket socket_;
@@ -144,9 +179,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
 void Coordinator::Impl::accept() {
   Impl* self = this;
   acceptor.async_accept([self](const boost::system::error_code& ec, tcp::socket socket) {
-    if (ec) return;  // acceptor closed
+    if (ec == asio::error::operation_aborted || !self->acceptor.is_open()) return;  // stopping
+    if (ec) {
+      // Out of file descriptors (a flood of connections) or a peer gone before accept: keep
+      // serving; try again shortly rather than never.
+      self->count(&Counters::accept_errors);
+      self->accept_retry.expires_after(std::chrono::milliseconds(50));
+      self->accept_retry.async_wait([self](const boost::system::error_code& e) {
+        if (!e) self->accept();
+      });
+      return;
+    }
     self->count(&Counters::connections);
     auto conn = std::make_shared<Connection>(std::move(socket), self);
+    // Closed connections leave expired entries (whose memory make_shared keeps): drop them.
+    auto& list = self->connections;
+    list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
     self->connections.push_back(conn);
     conn->read();
     self->accept();

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <boost/asio.hpp>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -52,6 +53,7 @@ struct NodeMonitor::Impl {
   asio::io_context io;
   local::acceptor acceptor{io};
   asio::steady_timer timer{io};
+  asio::steady_timer accept_retry{io};
   std::thread thread;
   std::once_flag stopped;
 
@@ -118,7 +120,13 @@ class LocalRank : public std::enable_shared_from_this<LocalRank> {
       uint64_t dropped = (after.oversized - before.oversized) + (after.bad_version - before.bad_version) +
                          (after.bad_type - before.bad_type) + (after.bad_length - before.bad_length) +
                          (after.bad_token - before.bad_token);
-      if (dropped > 0) self->owner_->count([&](NodeMonitor::Counters& c) { c.dropped_frames += dropped; });
+      const uint64_t garbage = after.bad_magic_bytes - before.bad_magic_bytes;
+      if (dropped > 0 || garbage > 0) {
+        self->owner_->count([&](NodeMonitor::Counters& c) {
+          c.dropped_frames += dropped;
+          c.garbage_bytes += garbage;
+        });
+      }
       for (const auto& m : messages) self->owner_->onMessage(m, self->ranks_);
       self->read();
     });
@@ -142,9 +150,21 @@ class LocalRank : public std::enable_shared_from_this<LocalRank> {
 
 void NodeMonitor::Impl::accept() {
   acceptor.async_accept([this](const boost::system::error_code& ec, local::socket s) {
-    if (ec) return;  // closed
+    if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // stopping
+    if (ec) {
+      // Out of file descriptors, or a peer gone before accept: keep serving, retry shortly.
+      count([](Counters& c) { ++c.accept_errors; });
+      accept_retry.expires_after(std::chrono::milliseconds(50));
+      accept_retry.async_wait([this](const boost::system::error_code& e) {
+        if (!e) accept();
+      });
+      return;
+    }
     count([](Counters& c) { ++c.local_connections; });
     auto r = std::make_shared<LocalRank>(std::move(s), this);
+    // Closed connections leave expired entries (whose memory make_shared keeps): drop them.
+    locals.erase(std::remove_if(locals.begin(), locals.end(), [](const auto& w) { return w.expired(); }),
+                 locals.end());
     locals.push_back(r);
     r->read();
     accept();

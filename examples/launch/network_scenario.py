@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Network faults between simulated hosts that each have a network of their own: every host is
+a Linux network namespace (ip netns) with its own address on a bridge, and its trainsup-run
+agent and worker run inside it. Needs root (CAP_NET_ADMIN) and iproute2; creates only its own
+namespaces (ts<tag>-<host>), veth pairs and bridge (tsbr<tag>), on 10.77.<n>.0/24, and removes
+them at the end.
+
+  link_cut      hosts a, b active, c spare (--nnodes=2:2); host-b's link goes down for good
+                while training: host-b must be named and quarantined, and the job must finish
+                on a + c from the newest valid checkpoint.
+  store_cut     the same, but the link cut is host-a's, whose agent serves the c10d store (and
+                usually the coordinator). With c10d the store dies with the link; the outcome is
+                recorded (the etcd-v2 rendezvous, whose store is on no training host, is the
+                documented way to survive it).
+  lossy         hosts a, b (--nnodes=2:2): host-b's link drops 30% of packets and delays each by
+                200 ms (tc netem) for --fault-s seconds: host-b is slow, not dead: no host may be
+                quarantined and the job must finish on a + b.
+  heal          hosts a, b: host-b's link goes down for --fault-s seconds (under the 5 s silence
+                timeout) and comes back: no verdict, no quarantine, the job finishes on a + b.
+
+Prints a JSON summary line last. Used by bench/network_bench.py and tests/python/test_network.py.
+
+  network_scenario.py SCENARIO WORKDIR [--steps N] [--fault-s S]
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from recovery_scenario import TRAIN, Cluster, free_port  # noqa: E402
+
+HOSTS = ("host-a", "host-b", "host-c")
+
+
+def sh(*cmd, check=True):
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return r
+
+
+class TestNet:
+    """A bridge and one namespace per host, each with one veth into the bridge."""
+
+    def __init__(self, hosts=HOSTS):
+        self.tag = f"{os.getpid() % 10000:04d}"
+        self.subnet = 10 + random.Random(os.getpid()).randrange(200)
+        self.bridge = f"tsbr{self.tag}"
+        self.ns, self.addr, self.link = {}, {}, {}
+        try:
+            sh("ip", "link", "add", self.bridge, "type", "bridge")
+            sh("ip", "link", "set", self.bridge, "up")
+            for i, host in enumerate(hosts):
+                ns, outer = f"ts{self.tag}-{host}", f"tsv{self.tag}{i}"
+                sh("ip", "netns", "add", ns)
+                sh("ip", "link", "add", outer, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                sh("ip", "link", "set", outer, "master", self.bridge)
+                sh("ip", "link", "set", outer, "up")
+                addr = f"10.77.{self.subnet}.{i + 1}"
+                sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{addr}/24", "dev", "eth0")
+                sh("ip", "netns", "exec", ns, "ip", "link", "set", "eth0", "up")
+                sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+                self.ns[host], self.addr[host], self.link[host] = ns, addr, outer
+        except Exception:
+            self.close()
+            raise
+
+    # Faults, applied on the bridge side of a host's link (its namespace is untouched).
+    def cut(self, host):
+        sh("ip", "link", "set", self.link[host], "down")
+
+    def restore(self, host):
+        sh("ip", "link", "set", self.link[host], "up")
+
+    def impair(self, host, loss_pct, delay_ms):
+        sh("tc", "qdisc", "add", "dev", self.link[host], "root", "netem", "loss", f"{loss_pct}%", "delay",
+           f"{delay_ms}ms")
+        # Both directions: the host's own egress too.
+        sh("ip", "netns", "exec", self.ns[host], "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "loss",
+           f"{loss_pct}%", "delay", f"{delay_ms}ms")
+
+    def unimpair(self, host):
+        sh("tc", "qdisc", "del", "dev", self.link[host], "root", check=False)
+        sh("ip", "netns", "exec", self.ns[host], "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+
+    def close(self):
+        for ns in self.ns.values():
+            # Anything still running in the namespace goes with it.
+            pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                sh("kill", "-9", pid, check=False)
+            sh("ip", "netns", "del", ns, check=False)
+        for link in self.link.values():
+            sh("ip", "link", "del", link, check=False)
+        sh("ip", "link", "del", self.bridge, check=False)
+
+
+class NetCluster(Cluster):
+    """Cluster whose agents run in the hosts' namespaces, rendezvous at host-a's address, bind
+    their telemetry services to their own address, and speak gloo over their own link."""
+
+    def __init__(self, net, workdir, nnodes, steps, **kw):
+        super().__init__(workdir, nnodes, steps, **kw)
+        self.net = net
+        self.port = free_port()
+
+    def start(self, host):
+        out = open(self.dir / f"agent-{host}.out", "w")
+        addr = self.net.addr[host]
+        cmd = ["ip", "netns", "exec", self.net.ns[host], sys.executable, "-m", "trainsup.run",
+               f"--nnodes={self.nnodes}", "--nproc_per_node=1", "--rdzv_backend=c10d",
+               f"--rdzv_endpoint={self.net.addr['host-a']}:{self.port}", "--rdzv_id=netscenario",
+               # host-a serves the store: torchrun cannot tell from a namespace's address.
+               f"--rdzv_conf=is_host={'true' if host == 'host-a' else 'false'}",
+               f"--local_addr={addr}", "--coordinator-bind", addr,
+               "--run-dir", str(self.dir / "run"), str(TRAIN), "--steps", str(self.steps),
+               "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
+        env = dict(self.env, TRAINSUP_NODE_NAME=host, GLOO_SOCKET_IFNAME="eth0", MASTER_ADDR=addr)
+        self.agents[host] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def verdicts(c):
+    seen = {}
+    for h in HOSTS:
+        for e in c.agent_events(h):
+            if e["event"] == "verdict":
+                key = (e.get("kind"), tuple(e.get("hosts", [])))
+                seen.setdefault(key, e)
+    return sorted(seen.values(), key=lambda e: e["time"])
+
+
+def run(scenario, workdir, steps, fault_s):
+    net = TestNet()
+    spare = scenario in ("link_cut", "store_cut")
+    c = NetCluster(net, workdir, "2:2", steps, extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
+    summary = {"scenario": scenario, "addresses": net.addr}
+    try:
+        c.start("host-a")
+        c.wait_until(lambda: any(e["event"] == "agent_start" for e in c.agent_events("host-a")), 60,
+                     "host-a's agent to start")
+        c.start("host-b")
+        c.wait_until(lambda: c.training_at("host-a", 100) and c.training_at("host-b", 100), 240,
+                     "training on host-a and host-b")
+        if spare:
+            c.start("host-c")
+            time.sleep(3)  # the spare is waiting for a round
+        c.wait_until(lambda: c.training_at("host-a", 200), 180, "training to step 200")
+        time.sleep(0.4)
+        victim = "host-a" if scenario == "store_cut" else "host-b"
+        fault_wall = time.time()
+        if scenario in ("link_cut", "store_cut"):
+            net.cut(victim)
+        elif scenario == "heal":
+            net.cut(victim)
+            time.sleep(fault_s)
+            net.restore(victim)
+        elif scenario == "lossy":
+            net.impair(victim, 30, 200)
+            time.sleep(fault_s)
+            net.unimpair(victim)
+        with open(c.dir / "run" / "faults.jsonl", "a") as f:
+            f.write(json.dumps({"event": "fault_injected", "time": fault_wall, "host": victim, "kind": scenario}) + "\n")
+        survivors = [h for h in c.agents if h != victim] if spare else list(c.agents)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and any(c.agents[h].poll() is None for h in survivors):
+            time.sleep(0.2)  # polls the agents; bounded
+        summary["agent_exit_codes"] = {h: p.poll() for h, p in c.agents.items()}
+        summary.update(fault_time=fault_wall, victim=victim, fault_s=fault_s if scenario in ("heal", "lossy") else None)
+        summary["verdicts"] = [{k: e.get(k) for k in ("kind", "hosts", "ranks")} | {"after_s": round(e["time"] - fault_wall, 2)}
+                               for e in verdicts(c)]
+        summary["quarantine"] = sorted(x.name[:-5] for x in (c.dir / "run" / "quarantine").glob("*.json"))
+        summary["finished"] = (pathlib.Path(workdir) / "final.pt").exists()
+        rounds = [e for h in HOSTS for e in c.agent_events(h) if e["event"] == "rendezvous"]
+        after = [e for e in rounds if e["time"] > fault_wall]
+        summary["next_round_after_s"] = round(min(e["time"] for e in after) - fault_wall, 2) if after else None
+        return summary
+    finally:
+        c.kill_all()
+        net.close()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["link_cut", "store_cut", "lossy", "heal"])
+    p.add_argument("workdir")
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--fault-s", type=float, default=2.0)
+    a = p.parse_args()
+    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s)))
+
+
+if __name__ == "__main__":
+    main()
