@@ -12,29 +12,38 @@ them at the end.
                 usually the coordinator). With c10d the store dies with the link; the outcome is
                 recorded (the etcd-v2 rendezvous, whose store is on no training host, is the
                 documented way to survive it).
-  lossy         hosts a, b (--nnodes=2:2): host-b's link drops 30% of packets and delays each by
-                200 ms (tc netem) for --fault-s seconds: host-b is slow, not dead: no host may be
-                quarantined and the job must finish on a + b.
+  coordinator_cut
+                the etcd-v2 rendezvous, its etcd on a service host (namespace) of its own; hosts a,
+                b active, c spare; the link of the host whose agent runs the coordinator is cut:
+                another agent takes the coordinator over, the cut host is named and quarantined,
+                and the job finishes on the other host and the spare.
+  lossy         hosts a, b (--nnodes=2:2): host-b's link drops 30% of packets each way and is
+                slowed (tc netem delay 200 ms where the kernel has netem, else a 2 Mbit/s cap) for
+                --fault-s seconds: host-b is slow, not dead: no host may be quarantined and the
+                job must finish on a + b.
   heal          hosts a, b: host-b's link goes down for --fault-s seconds (under the 5 s silence
                 timeout) and comes back: no verdict, no quarantine, the job finishes on a + b.
 
 Prints a JSON summary line last. Used by bench/network_bench.py and tests/python/test_network.py.
 
-  network_scenario.py SCENARIO WORKDIR [--steps N] [--fault-s S]
+  network_scenario.py SCENARIO WORKDIR [--steps N] [--fault-s S] [--loss-pct P]
 """
 import argparse
 import json
 import os
 import pathlib
 import random
+import shutil
+import signal
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from recovery_scenario import TRAIN, Cluster, free_port  # noqa: E402
+from recovery_scenario import TRAIN, Cluster, free_port, start_etcd  # noqa: E402
 
 HOSTS = ("host-a", "host-b", "host-c")
+IPTABLES = "iptables-legacy"
 
 
 def sh(*cmd, check=True):
@@ -54,6 +63,7 @@ class TestNet:
         self.ns, self.addr, self.link = {}, {}, {}
         try:
             sh("ip", "link", "add", self.bridge, "type", "bridge")
+            sh("ip", "addr", "add", f"10.77.{self.subnet}.254/24", "dev", self.bridge)  # this side reaches them
             sh("ip", "link", "set", self.bridge, "up")
             for i, host in enumerate(hosts):
                 ns, outer = f"ts{self.tag}-{host}", f"tsv{self.tag}{i}"
@@ -77,16 +87,29 @@ class TestNet:
     def restore(self, host):
         sh("ip", "link", "set", self.link[host], "up")
 
-    def impair(self, host, loss_pct, delay_ms):
-        sh("tc", "qdisc", "add", "dev", self.link[host], "root", "netem", "loss", f"{loss_pct}%", "delay",
-           f"{delay_ms}ms")
-        # Both directions: the host's own egress too.
-        sh("ip", "netns", "exec", self.ns[host], "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "loss",
-           f"{loss_pct}%", "delay", f"{delay_ms}ms")
+    def impair(self, host, loss_pct, rate="2mbit"):
+        """`loss_pct` % of the packets lost in each direction (iptables' statistic match) and the
+        link capped at `rate` (tbf: queueing delay). netem, which would add a fixed delay, is
+        used where the kernel has it; this machine's kernel does not (sch_netem missing)."""
+        ns = self.ns[host]
+        for chain in ("INPUT", "OUTPUT"):
+            sh("ip", "netns", "exec", ns, IPTABLES, "-A", chain, "-m", "statistic", "--mode", "random",
+               "--probability", f"{loss_pct / 100:.2f}", "-j", "DROP")
+        netem = sh("tc", "qdisc", "add", "dev", self.link[host], "root", "netem", "delay", "200ms", check=False)
+        if netem.returncode == 0:
+            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "200ms")
+            return "netem delay 200ms"
+        for dev, inside in ((self.link[host], False), ("eth0", True)):
+            cmd = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "16kbit", "latency", "500ms"]
+            sh(*(["ip", "netns", "exec", ns] + cmd if inside else cmd))
+        return f"tbf rate {rate} (no netem in this kernel)"
 
     def unimpair(self, host):
+        ns = self.ns[host]
+        for chain in ("INPUT", "OUTPUT"):
+            sh("ip", "netns", "exec", ns, IPTABLES, "-F", chain, check=False)
         sh("tc", "qdisc", "del", "dev", self.link[host], "root", check=False)
-        sh("ip", "netns", "exec", self.ns[host], "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
 
     def close(self):
         for ns in self.ns.values():
@@ -104,24 +127,36 @@ class NetCluster(Cluster):
     """Cluster whose agents run in the hosts' namespaces, rendezvous at host-a's address, bind
     their telemetry services to their own address, and speak gloo over their own link."""
 
-    def __init__(self, net, workdir, nnodes, steps, **kw):
+    def __init__(self, net, workdir, nnodes, steps, etcd=False, **kw):
         super().__init__(workdir, nnodes, steps, **kw)
         self.net = net
         self.port = free_port()
+        if etcd:  # on a service host of its own, as on a cluster's service node
+            self.backend = "etcd-v2"
+            self.endpoint = net.addr["svc"]
+            self.etcd = start_etcd(self.dir, self.port, net.addr["svc"], ("ip", "netns", "exec", net.ns["svc"]))
+        else:
+            self.endpoint = net.addr["host-a"]
 
     def start(self, host):
         out = open(self.dir / f"agent-{host}.out", "w")
         addr = self.net.addr[host]
         cmd = ["ip", "netns", "exec", self.net.ns[host], sys.executable, "-m", "trainsup.run",
-               f"--nnodes={self.nnodes}", "--nproc_per_node=1", "--rdzv_backend=c10d",
-               f"--rdzv_endpoint={self.net.addr['host-a']}:{self.port}", "--rdzv_id=netscenario",
-               # host-a serves the store: torchrun cannot tell from a namespace's address.
-               f"--rdzv_conf=is_host={'true' if host == 'host-a' else 'false'}",
+               f"--nnodes={self.nnodes}", "--nproc_per_node=1", f"--rdzv_backend={self.backend}",
+               f"--rdzv_endpoint={self.endpoint}:{self.port}", "--rdzv_id=netscenario",
+               # host-a serves the c10d store: torchrun cannot tell from a namespace's address.
+               *([f"--rdzv_conf=is_host={'true' if host == 'host-a' else 'false'}"] if self.backend == "c10d" else []),
                f"--local_addr={addr}", "--coordinator-bind", addr,
                "--run-dir", str(self.dir / "run"), str(TRAIN), "--steps", str(self.steps),
                "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
         env = dict(self.env, TRAINSUP_NODE_NAME=host, GLOO_SOCKET_IFNAME="eth0", MASTER_ADDR=addr)
         self.agents[host] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def steps_done(c, host):
+    """The newest step host's rank reported (from its heartbeats' progress in the event log)."""
+    steps = [e.get("step", -1) for e in c.rank_events(host) if e["event"] in ("checkpoint_committed", "first_step")]
+    return max(steps, default=0)
 
 
 def verdicts(c):
@@ -134,10 +169,14 @@ def verdicts(c):
     return sorted(seen.values(), key=lambda e: e["time"])
 
 
-def run(scenario, workdir, steps, fault_s):
-    net = TestNet()
-    spare = scenario in ("link_cut", "store_cut")
-    c = NetCluster(net, workdir, "2:2", steps, extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
+def run(scenario, workdir, steps, fault_s, loss_pct=30):
+    # A fresh directory: events left by an earlier run would be read as this one's.
+    shutil.rmtree(workdir, ignore_errors=True)
+    pathlib.Path(workdir).mkdir(parents=True)
+    net = TestNet(HOSTS + (("svc",) if scenario == "coordinator_cut" else ()))
+    spare = scenario in ("link_cut", "store_cut", "coordinator_cut")
+    c = NetCluster(net, workdir, "2:2", steps, etcd=scenario == "coordinator_cut",
+                   extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
     summary = {"scenario": scenario, "addresses": net.addr}
     try:
         c.start("host-a")
@@ -152,27 +191,37 @@ def run(scenario, workdir, steps, fault_s):
         c.wait_until(lambda: c.training_at("host-a", 200), 180, "training to step 200")
         time.sleep(0.4)
         victim = "host-a" if scenario == "store_cut" else "host-b"
+        if scenario == "coordinator_cut":  # the host whose agent runs the coordinator
+            elected = [e for h in ("host-a", "host-b") for e in c.agent_events(h) if e["event"] == "coordinator_elected"]
+            victim = max(elected, key=lambda e: e["time"])["host"]
         fault_wall = time.time()
-        if scenario in ("link_cut", "store_cut"):
+        if scenario in ("link_cut", "store_cut", "coordinator_cut"):
             net.cut(victim)
         elif scenario == "heal":
             net.cut(victim)
             time.sleep(fault_s)
             net.restore(victim)
         elif scenario == "lossy":
-            net.impair(victim, 30, 200)
+            before = steps_done(c, "host-a")
+            summary["impairment"] = f"{loss_pct:g}% loss each way, " + net.impair(victim, loss_pct)
             time.sleep(fault_s)
+            during = steps_done(c, "host-a") - before
             net.unimpair(victim)
+            summary["steps_per_s_during_fault"] = round(during / fault_s, 2)
         with open(c.dir / "run" / "faults.jsonl", "a") as f:
             f.write(json.dumps({"event": "fault_injected", "time": fault_wall, "host": victim, "kind": scenario}) + "\n")
         survivors = [h for h in c.agents if h != victim] if spare else list(c.agents)
-        deadline = time.monotonic() + 600
+        # Without its store host a c10d job cannot finish: record where it stands after 90 s.
+        deadline = time.monotonic() + (90 if scenario == "store_cut" else 600)
         while time.monotonic() < deadline and any(c.agents[h].poll() is None for h in survivors):
             time.sleep(0.2)  # polls the agents; bounded
         summary["agent_exit_codes"] = {h: p.poll() for h, p in c.agents.items()}
         summary.update(fault_time=fault_wall, victim=victim, fault_s=fault_s if scenario in ("heal", "lossy") else None)
         summary["verdicts"] = [{k: e.get(k) for k in ("kind", "hosts", "ranks")} | {"after_s": round(e["time"] - fault_wall, 2)}
                                for e in verdicts(c)]
+        commits = {e["step"]: e["wall_s"] for e in c.rank_events("host-a") if e["event"] == "checkpoint_committed"}
+        if 100 in commits and 200 in commits:
+            summary["steps_per_s_before_fault"] = round(100 / (commits[200] - commits[100]), 2)
         summary["quarantine"] = sorted(x.name[:-5] for x in (c.dir / "run" / "quarantine").glob("*.json"))
         summary["finished"] = (pathlib.Path(workdir) / "final.pt").exists()
         rounds = [e for h in HOSTS for e in c.agent_events(h) if e["event"] == "rendezvous"]
@@ -185,13 +234,17 @@ def run(scenario, workdir, steps, fault_s):
 
 
 def main():
+    # SIGTERM (a timeout, a Ctrl-C'd parent) ends the run through its cleanup: the namespaces,
+    # links and processes go with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["link_cut", "store_cut", "lossy", "heal"])
+    p.add_argument("scenario", choices=["link_cut", "store_cut", "coordinator_cut", "lossy", "heal"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--fault-s", type=float, default=2.0)
+    p.add_argument("--loss-pct", type=float, default=30, help="lossy: packets lost in each direction")
     a = p.parse_args()
-    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s)))
+    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s, a.loss_pct)))
 
 
 if __name__ == "__main__":

@@ -43,23 +43,25 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_etcd(workdir, port):
+def start_etcd(workdir, port, address="127.0.0.1", prefix=()):
     """A one-member etcd with the v2 API (what torch's etcd-v2 backend speaks) serving clients on
-    127.0.0.1:port, its data and log in workdir. Returns the process once it answers."""
+    address:port, its data and log in workdir; `prefix` runs it elsewhere (e.g. ip netns exec).
+    Returns the process once it answers."""
     workdir = pathlib.Path(workdir)
     peer = free_port()
     log = open(workdir / "etcd.log", "w")
-    proc = subprocess.Popen(["etcd", "--name", "scenario", "--data-dir", str(workdir / "etcd"), "--enable-v2=true",
-                             "--listen-client-urls", f"http://127.0.0.1:{port}",
-                             "--advertise-client-urls", f"http://127.0.0.1:{port}",
-                             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                             "--initial-cluster", f"scenario=http://127.0.0.1:{peer}"],
+    proc = subprocess.Popen([*prefix, "etcd", "--name", "scenario", "--data-dir", str(workdir / "etcd"),
+                             "--enable-v2=true",
+                             "--listen-client-urls", f"http://{address}:{port}",
+                             "--advertise-client-urls", f"http://{address}:{port}",
+                             "--listen-peer-urls", f"http://{address}:{peer}",
+                             "--initial-advertise-peer-urls", f"http://{address}:{peer}",
+                             "--initial-cluster", f"scenario=http://{address}:{peer}"],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            with socket.create_connection((address, port), timeout=1) as conn:
                 conn.sendall(b"GET /v2/keys/ HTTP/1.0\r\n\r\n")
                 if b"200 OK" in conn.recv(200):
                     return proc

@@ -86,3 +86,41 @@ def test_an_agent_that_left_on_purpose_or_was_replaced_is_not_reported():
     _tick(clock, a, b2, 2, b_beats=False)
     assert [(x[0], x[2]) for x in lost] == [("host-b", ["b", 3, 0])]
 
+
+
+def _trio(store, clock, lost, unconfirmed):
+    """host-a and host-b in a round, host-c a spare (it beats but is in no round)."""
+    a, b = _pair(store, clock, lost, timeout_s=5.0, on_unconfirmed=lambda *args: unconfirmed.append(args))
+    c = HostLiveness(store, "run", "host-c", ["c", 3, 0], lambda *args: None, clock=clock, start=False)
+    return a, b, c
+
+
+def test_a_silence_is_reported_when_another_agent_is_still_heard():
+    store, clock, lost, unconfirmed = dist.HashStore(), Clock(), [], []
+    a, b, c = _trio(store, clock, lost, unconfirmed)
+    for _ in range(3):
+        c.beat()
+        _tick(clock, a, b, 1)
+    for _ in range(6):  # host-b dies; the spare host-c goes on
+        c.beat()
+        _tick(clock, a, b, 1, b_beats=False)
+    assert [x[0] for x in lost] == ["host-b"]
+    assert not a.isolated_from("host-b")
+
+
+def test_an_agent_cut_off_from_everyone_else_names_nobody():
+    # A partition: host-a (which may serve the store) still sees its own keep-alives, but neither
+    # host-b nor the spare host-c: from here that is what being cut off looks like.
+    store, clock, lost, unconfirmed = dist.HashStore(), Clock(), [], []
+    a, b, c = _trio(store, clock, lost, unconfirmed)
+    for _ in range(3):
+        c.beat()
+        _tick(clock, a, b, 1)
+    _tick(clock, a, b, 12, b_beats=False)  # host-c silent too
+    assert lost == []
+    assert a.isolated_checks > 0 and unconfirmed[-1][0] == "host-b" and unconfirmed[-1][3] == "isolated"
+    assert a.isolated_from("host-b")
+    for _ in range(4):  # the network heals: host-c is heard again, and host-b (still dead) is named
+        c.beat()
+        _tick(clock, a, b, 1, b_beats=False)
+    assert [x[0] for x in lost] == ["host-b"]

@@ -115,9 +115,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                      timeout_s=settings["agent_timeout_s"],
                                      on_error=lambda host, e: self.events.write("agent_lost_unhandled",
                                                                                 lost_host=host, error=str(e)),
-                                     on_unconfirmed=lambda host, silent_s, own: self.events.write(
+                                     on_unconfirmed=lambda host, silent_s, own, reason="stale": self.events.write(
                                          "agent_silence_unconfirmed", silent_host=host, silent_s=round(silent_s, 3),
-                                         own_beats=own))
+                                         own_beats=own, reason=reason))
         self._preflight()
 
     def _preflight(self):
@@ -206,7 +206,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                      self.settings["socket_dir"], bind=self.settings["bind"],
                                      advertise=self.settings["advertise"],
                                      on_event=lambda name, **f: self.events.write(name, round=self.round, **f),
-                                     on_verdict=self._report)
+                                     on_verdict=self._report, vet=self._vet)
         os.environ.update(self.services.rank_env)
         os.environ["TRAINSUP_NODE_NAME"] = self.node
         os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
@@ -216,6 +216,18 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
         return result
+
+    def _vet(self, v):
+        """Whether our coordinator's fatal verdict may be published to the job. Not when it names
+        another host and this agent hears no other agent either: then it is more likely this
+        host that is cut off (a partition looks like that from its side), and publishing would
+        get a healthy host quarantined once the network heals."""
+        hosts = [h for h in v.get("hosts", []) if h != self.node]
+        if v.get("kind") in QUARANTINE_KINDS and hosts and self.liveness.isolated_from(hosts[0]):
+            self.events.write("verdict_withheld", round=self.round, kind=v["kind"], hosts=v["hosts"],
+                              reason="no other agent heard from: this host is likely the one cut off")
+            return False
+        return True
 
     def _report(self, v):
         """Every verdict of the coordinator in this agent (fatal ones are also acted on through
@@ -424,6 +436,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.events.write("verdict", round=self.round, kind=v["kind"], ranks=v["ranks"], hosts=v["hosts"],
                           section=v.get("section", ""), evidence=v.get("evidence", ""))
         culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
+        if culprits and culprits[0] != self.node and self.liveness.isolated_from(culprits[0]):
+            self.events.write("verdict_withheld", round=self.round, kind=v["kind"], hosts=v["hosts"],
+                              reason="no other agent heard from: this host is likely the one cut off")
+            culprits = []
         for host in culprits:
             try:
                 if self.quarantine.get(host) is None and (services.in_office or host == self.node):

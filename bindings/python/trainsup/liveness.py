@@ -19,6 +19,15 @@ reports nobody, where it would otherwise take every host it watches for dead. An
 itself frozen past the timeout is still reported: its node monitor forwards its ranks'
 telemetry, so to the job it is a dead host.
 
+A silence needs a witness where there can be one: a network partition looks to the cut-off side
+exactly like the death of everyone else. Each agent registers itself in the job's list of agents
+and also reads the keep-alives of up to `witnesses` other agents (spares included). A watched
+host is reported only if some other agent, besides the silent one, was heard within
+witness_window_s (half the timeout, at least three keep-alive intervals);
+if every other agent went silent too, this agent is more likely the one cut off (with the store,
+when it serves it), and reports nobody (on_unconfirmed, reason "isolated"). A job of two hosts
+has no witness: there a silence is reported as before, because nothing can tell the two apart.
+
 The store must be a client of this agent's own: a TCPStore client serialises its operations, and
 torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
 would stop the keep-alive and get this host taken for dead.
@@ -30,6 +39,8 @@ Keys, under the launcher's "trainsup/" prefix:
                                  by an earlier agent of the host, e.g. before a requeue, does
                                  not match the current node and counts for nothing)
   agents/<run>/round-<r>/<g>     the host of group rank g in round r
+  agents/<run>/count, agents/<run>/agent-<i>
+                                 the list of agents that ever joined (witnesses are read from it)
 """
 import json
 import threading
@@ -40,7 +51,9 @@ from .telemetry import peek
 
 class HostLiveness:
     def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0, on_error=None,
-                 on_unconfirmed=None, clock=time.monotonic, start=True):
+                 on_unconfirmed=None, clock=time.monotonic, start=True, witnesses=8):
+        # on_unconfirmed(host, silent_s, own_beats, reason) is told once per silence and reason:
+        # "stale" (our own keep-alives did not go through) or "isolated" (no other agent heard).
         self.store = store
         self.clock = clock
         self.run_id = run_id
@@ -53,14 +66,22 @@ class HostLiveness:
         # most of those due in the timeout, allowing for a late one or two.
         self.own_beats_needed = max(1, int(self.timeout_s / self.interval_s) - 2)
         self.unconfirmed = 0          # checks that found a silence but a stale own view
-        self.on_unconfirmed = on_unconfirmed or (lambda host, silent_s, own_beats: None)
+        self.on_unconfirmed = on_unconfirmed or (lambda host, silent_s, own_beats, reason="stale": None)
+        self.witnesses = int(witnesses)
+        # A witness counts as heard if its counter moved this recently: well under the timeout,
+        # so that when this agent is cut off, every witness is already stale by the time a
+        # silence (of timeout_s) or the coordinator's verdict about one comes up.
+        self.witness_window_s = max(3 * self.interval_s, self.timeout_s / 2)
+        self.isolated_checks = 0      # checks that found a silence while no other agent was heard
         self._node = json.dumps(node_desc)
         self._lock = threading.Lock()
         self._round = None            # (round, group_rank, group_world) of our last rendezvous
         self._seen = {}               # host -> (node, counter value, time it last changed, own counter then)
         self._lost = set()            # (host, node) reported lost
+        self._told = set()            # (host, node, counter, reason) already given to on_unconfirmed
         self._stop = threading.Event()
         self.store.set(self._key(host, "node"), self._node)
+        self.store.set(f"agents/{run_id}/agent-{self.store.add(f'agents/{run_id}/count', 1) - 1}", host)
         self.beat()
         self._threads = [threading.Thread(target=self._loop, args=(fn,), name=f"trainsup-agent-{name}", daemon=True)
                          for name, fn in (("keepalive", self.beat), ("watch", self.check))] if start else []
@@ -112,6 +133,15 @@ class HostLiveness:
     def stop(self):
         self._stop.set()
 
+    def isolated_from(self, host):
+        """True when some agent other than `host` is known and none of them was heard within
+        witness_window_s: a verdict against `host` seen from here may be this agent's own
+        partition."""
+        now = self.clock()
+        seen = dict(self._seen)  # the watch thread updates it
+        others = [h for h in seen if h not in (host, self.host)]
+        return bool(others) and not any(now - seen[h][2] < self.witness_window_s for h in others)
+
     def _watched(self):
         with self._lock:
             if self._round is None:
@@ -124,13 +154,37 @@ class HostLiveness:
                 hosts.append(host)
         return rnd, hosts
 
+    def _tell(self, host, last, silent, own_beats, reason):
+        """on_unconfirmed, once per silence of a host and reason (not at every check)."""
+        key = (host, last[0], last[1], reason)
+        if key not in self._told:
+            self._told.add(key)
+            self.on_unconfirmed(host, silent, own_beats, reason)
+
+    def _witness_hosts(self, watched):
+        """Up to `witnesses` other agents of the job (any round, spares too), not watched."""
+        count = int(peek(self.store, f"agents/{self.run_id}/count") or 0)
+        hosts = []
+        for i in range(count):
+            h = peek(self.store, f"agents/{self.run_id}/agent-{i}")
+            if h and h != self.host and h not in watched and h not in hosts:
+                hosts.append(h)
+        return hosts[-self.witnesses:] if self.witnesses > 0 else []
+
+    def _heard_within(self, host, now):
+        """Whether `host`'s counter moved within witness_window_s (as far as our reads tell)."""
+        last = self._seen.get(host)
+        return last is not None and now - last[2] < self.witness_window_s
+
     def check(self):
         """Reads the watched agents' counters and reports those silent for timeout_s (the watch
         thread calls it every interval_s)."""
         rnd, hosts = self._watched()
         now = self.clock()
         own = int(peek(self.store, self._key(self.host, "beat")) or 0)
-        for host in hosts:
+        witnesses = self._witness_hosts(hosts)
+        silent_hosts = []
+        for host in hosts + witnesses:
             node = peek(self.store, self._key(host, "node"))
             if (host, node) in self._lost:
                 continue
@@ -139,12 +193,22 @@ class HostLiveness:
             if last is None or last[:2] != (node, value):
                 self._seen[host] = (node, value, now, own)  # a new agent of the host starts afresh
                 continue
+            if host in hosts:
+                silent_hosts.append((host, node, last))
+        for host, node, last in silent_hosts:
             silent = now - last[2]
             if silent < self.timeout_s or peek(self.store, self._key(host, "left")) == node:
                 continue
             if own - last[3] < self.own_beats_needed:
                 self.unconfirmed += 1  # our own keep-alives stalled too: the store or we were stuck
-                self.on_unconfirmed(host, silent, own - last[3])
+                self._tell(host, last, silent, own - last[3], "stale")
+                continue
+            others = [h for h in hosts + witnesses if h != host and h in self._seen
+                      and peek(self.store, self._key(h, "left")) != self._seen[h][0]]
+            if others and not any(self._heard_within(h, now) for h in others):
+                # Everyone else went quiet too: more likely we are the one cut off.
+                self.isolated_checks += 1
+                self._tell(host, last, silent, own - last[3], "isolated")
                 continue
             try:
                 self.on_lost(host, silent, json.loads(node) if node else None, rnd)

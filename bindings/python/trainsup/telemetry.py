@@ -83,7 +83,7 @@ def rank_table(store, job_id):
 class NodeServices:
     def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
                  takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, collective_budgets="",
-                 on_verdict=None, on_event=None):
+                 on_verdict=None, on_event=None, vet=None):
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -95,6 +95,7 @@ class NodeServices:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.collective_budgets = collective_budgets
         self.on_verdict = on_verdict
+        self.vet = vet or (lambda verdict: True)  # may our coordinator's fatal verdict be published?
         self.on_event = on_event or (lambda name, **fields: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         tag = hashlib.sha1(job_id.encode()).hexdigest()[:8]
@@ -184,7 +185,7 @@ class NodeServices:
             with self._lock:
                 self.verdicts.extend(verdicts)
             fatal = [v for v in verdicts if v["kind"] != "straggler"]
-            if fatal and self.store is not None:
+            if fatal and self.store is not None and self.vet(fatal[0]):
                 publish_verdict(self.store, self.job_id, fatal[0])
             if self.on_verdict:
                 for v in verdicts:

@@ -1,0 +1,43 @@
+"""A real network fault between simulated hosts that each have their own network namespace and
+address (examples/launch/network_scenario.py): host-b's link is cut while training. host-b must
+be named within the budget of a stopped rank, quarantined, and the job must finish on host-a and
+the spare host-c. The longer cases (a partition that heals, a lossy link, the store's or the
+coordinator's host cut) are in bench/network_bench.py. Needs root (network namespaces)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCENARIO = os.path.join(REPO, "examples", "launch", "network_scenario.py")
+
+
+def _can_make_namespaces():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = subprocess.run(["ip", "netns", "add", f"tsprobe{os.getpid()}"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", f"tsprobe{os.getpid()}"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_make_namespaces(), reason="needs root and iproute2 to make network namespaces")
+def test_a_host_whose_link_is_cut_is_named_quarantined_and_the_job_goes_on(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, SCENARIO, "link_cut", str(tmp_path / "cut"), "--steps", "400"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    s = json.loads(out.stdout.strip().splitlines()[-1])
+    assert s["verdicts"], s
+    first = s["verdicts"][0]
+    print(f"[measure] link cut: {first['kind']} naming {first['hosts']} {first['after_s']} s after the cut; "
+          f"next round {s['next_round_after_s']} s after")
+    assert first["hosts"] == ["host-b"] and first["after_s"] <= 10, s
+    assert all(v["hosts"] == ["host-b"] for v in s["verdicts"]), s  # nobody else blamed
+    assert s["quarantine"] == ["host-b"], s
+    assert s["finished"] and s["agent_exit_codes"]["host-a"] == 0 and s["agent_exit_codes"]["host-c"] == 0, s
+    assert not list((tmp_path).glob("ts*"))  # nothing of the namespaces left in the work dir
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "host-" not in names, names  # the scenario removed its namespaces
