@@ -19,6 +19,7 @@ packages=(
   libcli11-dev                            # example trainer flags
   python3 python3-dev python3-venv        # the interpreter the venv is made from
   etcd-server                             # the etcd-v2 rendezvous: a store that outlives any host
+  iproute2 iptables                       # network faults between simulated hosts (namespaces, loss)
 )
 missing=()
 for p in "${packages[@]}"; do

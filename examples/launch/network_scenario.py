@@ -211,9 +211,12 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30):
         with open(c.dir / "run" / "faults.jsonl", "a") as f:
             f.write(json.dumps({"event": "fault_injected", "time": fault_wall, "host": victim, "kind": scenario}) + "\n")
         survivors = [h for h in c.agents if h != victim] if spare else list(c.agents)
-        # Without its store host a c10d job cannot finish: record where it stands after 90 s.
+        # Without its store host a c10d job cannot finish, and without a spare a job whose host
+        # was quarantined waits for a replacement: record where it stands after 90 s.
         deadline = time.monotonic() + (90 if scenario == "store_cut" else 600)
         while time.monotonic() < deadline and any(c.agents[h].poll() is None for h in survivors):
+            if not spare and any(p.poll() == 95 for p in c.agents.values()):
+                deadline = min(deadline, time.monotonic() + 90)
             time.sleep(0.2)  # polls the agents; bounded
         summary["agent_exit_codes"] = {h: p.poll() for h, p in c.agents.items()}
         summary.update(fault_time=fault_wall, victim=victim, fault_s=fault_s if scenario in ("heal", "lossy") else None)
