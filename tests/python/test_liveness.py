@@ -124,3 +124,20 @@ def test_an_agent_cut_off_from_everyone_else_names_nobody():
         c.beat()
         _tick(clock, a, b, 1, b_beats=False)
     assert [x[0] for x in lost] == ["host-b"]
+
+
+def test_a_host_reported_lost_earlier_is_no_witness():
+    # host-c (the only other agent) died and was reported; then host-b dies: host-a must still
+    # name host-b, not take itself for cut off because host-c is silent.
+    store, clock, lost, unconfirmed = dist.HashStore(), Clock(), [], []
+    a, b, c = _trio(store, clock, lost, unconfirmed)
+    a.joined_round(0, 0, 3)
+    b.joined_round(0, 1, 3)
+    c.joined_round(0, 2, 3)
+    for _ in range(3):
+        c.beat()
+        _tick(clock, a, b, 1)
+    _tick(clock, a, b, 7)  # host-c dies; host-b still beats and witnesses it
+    assert [x[0] for x in lost] == ["host-c"]
+    _tick(clock, a, b, 7, b_beats=False)
+    assert [x[0] for x in lost] == ["host-c", "host-b"]

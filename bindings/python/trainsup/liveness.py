@@ -139,7 +139,7 @@ class HostLiveness:
         partition."""
         now = self.clock()
         seen = dict(self._seen)  # the watch thread updates it
-        others = [h for h in seen if h not in (host, self.host)]
+        others = [h for h in seen if h not in (host, self.host) and (h, seen[h][0]) not in self._lost]
         return bool(others) and not any(now - seen[h][2] < self.witness_window_s for h in others)
 
     def _watched(self):
@@ -203,7 +203,9 @@ class HostLiveness:
                 self.unconfirmed += 1  # our own keep-alives stalled too: the store or we were stuck
                 self._tell(host, last, silent, own - last[3], "stale")
                 continue
+            # Agents that left on purpose or were reported lost are no witnesses either way.
             others = [h for h in hosts + witnesses if h != host and h in self._seen
+                      and (h, self._seen[h][0]) not in self._lost
                       and peek(self.store, self._key(h, "left")) != self._seen[h][0]]
             if others and not any(self._heard_within(h, now) for h in others):
                 # Everyone else went quiet too: more likely we are the one cut off.
