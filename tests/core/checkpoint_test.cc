@@ -523,6 +523,52 @@ struct RankThreads {
   Barrier barrier;
 };
 
+// Rank 0's store connection fails as it publishes the commit result (issue 14, defect 4).
+class ResultNeverArrives : public CommitChannel {
+ public:
+  explicit ResultNeverArrives(std::shared_ptr<CommitChannel> inner) : inner_(std::move(inner)) {}
+  Status set(const std::string& key, const std::string& value) override {
+    if (key.size() > 7 && key.compare(key.size() - 7, 7, "/result") == 0) {
+      return Status::unavailable("store connection reset (injected)");
+    }
+    return inner_->set(key, value);
+  }
+  Result<std::string> get(const std::string& key, Nanos timeout) override { return inner_->get(key, timeout); }
+  Result<int64_t> add(const std::string& key, int64_t delta) override { return inner_->add(key, delta); }
+  Status remove(const std::string& key) override { return inner_->remove(key); }
+
+ private:
+  std::shared_ptr<CommitChannel> inner_;
+};
+
+// Before, the other ranks waited out the whole commit timeout (600 s by default) for a result
+// that never came; now they find the commit in the manifest within about a second.
+TEST(CheckpointMultiRankTest, RanksLearnOfACommitWhoseResultRankZeroCouldNotPublish) {
+  RankThreads job(2, "unpublished");
+  auto failing = std::make_shared<ResultNeverArrives>(job.channel);
+  std::vector<double> took(2);
+  std::vector<int> from_manifest(2), unpublished(2);
+  job.run([&](int rank) {
+    Events ev;
+    CheckpointOptions o = opts(job.dir);
+    o.commit_timeout_s = 60;
+    auto c = make(o, FileSystem::posix(), ev, Clock::real(), rankIdentity(rank, 2),
+                  rank == 0 ? std::shared_ptr<CommitChannel>(failing) : job.channel);
+    State s(static_cast<uint32_t>(7 + rank));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c->save(5, s.collect(5));
+    ASSERT_TRUE(r.isOk()) << r.status().toString();
+    Status w = c->waitIdle(seconds(90));
+    took[rank] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_TRUE(w.isOk()) << "rank " << rank << ": " << w.toString();
+    from_manifest[rank] = ev.count("checkpoint_result_from_manifest");
+    unpublished[rank] = ev.count("checkpoint_result_unpublished");
+  });
+  EXPECT_EQ(unpublished[0], 1);
+  EXPECT_EQ(from_manifest[1], 1);
+  EXPECT_LT(took[1], 10.0) << "rank 1 waited for a result that never came";
+}
+
 TEST(CheckpointMultiRankTest, RanksAgreeCommitAndRestoreTogether) {
   constexpr int kWorld = 4;
   RankThreads job(kWorld, "multirank");

@@ -147,5 +147,31 @@ TEST(ConfigTest, CodeOverridesAreValidatedToo) {
   EXPECT_FALSE(cfg.validate().isOk());
 }
 
+// Issue 14, defect 3: one parser for TRAINSUP_COORDINATOR, and it checks the port. Before,
+// "host:70000" became port 4464 (a cast) and a 20-digit port threw out of Supervisor::create.
+TEST(ConfigTest, CoordinatorAddressesAreParsedOnceAndPortsChecked) {
+  auto tcp = parseCoordinatorAddress("10.0.0.7:29500");
+  ASSERT_TRUE(tcp.isOk()) << tcp.status().toString();
+  EXPECT_EQ(tcp->host, "10.0.0.7");
+  EXPECT_EQ(tcp->port, 29500);
+  auto unix_socket = parseCoordinatorAddress("unix:/tmp/x.sock");
+  ASSERT_TRUE(unix_socket.isOk());
+  EXPECT_EQ(unix_socket->unix_path, "/tmp/x.sock");
+  for (const char* bad : {"host:70000", "host:0", "host:99999999999999999999", "host:", ":80", "host", "unix:",
+                          "host:8o"}) {
+    auto r = parseCoordinatorAddress(bad);
+    ASSERT_FALSE(r.isOk()) << bad;
+    EXPECT_NE(r.status().message().find("TRAINSUP_COORDINATOR"), std::string::npos) << r.status().toString();
+    EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status().toString();
+  }
+  Config cfg;
+  cfg.identity.host = "node-1";
+  cfg.coordinator = "host:70000";
+  cfg.job_token = std::string(32, 'a');
+  Status s = cfg.validate();
+  ASSERT_FALSE(s.isOk());
+  EXPECT_NE(s.message().find("outside 1..65535"), std::string::npos) << s.toString();
+}
+
 }  // namespace
 }  // namespace trainsup

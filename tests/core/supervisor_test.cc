@@ -243,6 +243,27 @@ TEST(SupervisorTest, SigtermBecomesAStopRequestAndSlurmSignalsAreUntouched) {
   EXPECT_EQ(after.sa_handler, before_term.sa_handler);
 }
 
+// Issue 14, defect 2: a create that fails after the point where signal handlers used to be
+// installed (the telemetry client refusing its address) leaves them behind no longer.
+TEST(SupervisorTest, AFailedCreateLeavesTheSignalHandlersToTheNextSupervisor) {
+  struct sigaction before;
+  sigaction(SIGTERM, nullptr, &before);
+  std::string dir = tempDir();
+  Config bad = testConfig(dir);
+  bad.coordinator = "not-an-address:4000";  // the telemetry client refuses it
+  bad.job_token = std::string(32, 'a');
+  auto failed = Supervisor::create(bad);
+  ASSERT_FALSE(failed.isOk());
+  struct sigaction after_failure;
+  sigaction(SIGTERM, nullptr, &after_failure);
+  EXPECT_EQ(after_failure.sa_handler, before.sa_handler) << "the failed create left its SIGTERM handler";
+  auto sup = Supervisor::create(testConfig(dir));
+  ASSERT_TRUE(sup.isOk()) << sup.status().toString();
+  raise(SIGTERM);  // would kill the test if the new Supervisor did not own the handler
+  EXPECT_EQ((*sup)->stopSignal(), SIGTERM);
+  (*sup)->close();
+}
+
 TEST(SupervisorTest, ASignalDeliveredTwiceAtOnceIsOneStopRequest) {
   // Slurm signals every process of the job and torchrun forwards the same SIGTERM to its
   // workers: both arrive within moments, and the rank must still save and exit on its own.

@@ -37,6 +37,24 @@ using namespace trainsup;
 
 namespace {
 
+// Raises the Python exception of the status's code (trainsup/errors.py): callers catch by type.
+[[noreturn]] void raiseStatus(const Status& s) {
+  py::object cls = py::module_::import("trainsup.errors").attr("BY_CODE").attr("get")(
+      statusCodeName(s.code()), py::module_::import("trainsup.errors").attr("Error"));
+  PyErr_SetString(cls.ptr(), s.message().c_str());
+  throw py::error_already_set();
+}
+
+// Whether a Python exception is one of trainsup's errors of these codes.
+bool isStatusError(py::error_already_set& e, std::initializer_list<const char*> codes) {
+  py::object errors = py::module_::import("trainsup.errors");
+  for (const char* code : codes) {
+    if (e.matches(errors.attr("BY_CODE")[code])) return true;
+  }
+  return false;
+}
+
+
 // A Python context manager around a C++ Scope.
 class PyScope {
  public:
@@ -144,7 +162,7 @@ class PyShard {
       py::gil_scoped_release release;
       s = reader_->read(*e, reinterpret_cast<void*>(address), nbytes);
     }
-    if (!s.isOk()) throw std::runtime_error(s.toString());
+    if (!s.isOk()) raiseStatus(s);
   }
   int rank() const { return reader_->info().rank; }
   int worldSize() const { return reader_->info().world_size; }
@@ -202,9 +220,9 @@ std::unique_ptr<Supervisor, ReleaseGilDelete> create(std::map<std::string, std::
     return process.get(name);
   });
   auto config = Config::fromEnvironment(env);
-  if (!config) throw py::value_error(config.status().message());
+  if (!config) raiseStatus(config.status());
   auto sup = Supervisor::create(*config);
-  if (!sup) throw std::runtime_error(sup.status().toString());
+  if (!sup) raiseStatus(sup.status());
   (*sup)->addStackDumpHook("python", dumpPythonStacks);
   return std::unique_ptr<Supervisor, ReleaseGilDelete>(sup->release());
 }
@@ -260,7 +278,7 @@ std::pair<std::string, std::string> save(Supervisor& sup, int64_t step, const py
     r = now ? sup.checkpoint(step, c) : sup.maybeCheckpoint(step, c);
   }
   keep = py::object();
-  if (!r) throw std::runtime_error(r.status().toString());
+  if (!r) raiseStatus(r.status());
   return {outcomeName(*r), earlier.isOk() ? std::string() : earlier.toString()};
 }
 
@@ -281,10 +299,7 @@ std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
       // try an older one". Anything else — the state does not match, out of memory, a bug in a
       // load_state_dict — stops the restore on every rank instead of silently falling back.
       std::string what = e.what();
-      if (e.matches(PyExc_RuntimeError) && (what.find("Corruption:") != std::string::npos ||
-                                            what.find("IoError:") != std::string::npos)) {
-        return Status::corruption(what);
-      }
+      if (isStatusError(e, {"Corruption", "IoError"})) return Status::corruption(what);
       return Status::invalidArgument(what);
     }
   };
@@ -293,10 +308,7 @@ std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
     py::gil_scoped_release release;
     r = sup.restore(l);
   }
-  if (!r) {
-    if (r.status().code() == StatusCode::kInvalidArgument) throw py::value_error(r.status().message());
-    throw std::runtime_error(r.status().toString());
-  }
+  if (!r) raiseStatus(r.status());
   return *r;
 }
 
@@ -309,7 +321,7 @@ class PyCoordinator {
                 const std::vector<std::tuple<int, int, std::string, std::string>>& known,
                 const std::string& collective_budgets) {
     auto token = parseJobToken(token_hex);
-    if (!token) throw py::value_error(token.status().message());
+    if (!token) raiseStatus(token.status());
     std::vector<RankInfo> ranks;
     for (int r = 0; r < world; ++r) ranks.push_back({r, 0, "", ""});
     for (const auto& [rank, local_rank, host, gpu] : known) {
@@ -322,12 +334,12 @@ class PyCoordinator {
     DetectorOptions d;
     d.hang_floor_s = hang_floor_s;
     d.heartbeat_timeout_s = heartbeat_timeout_s;
-    if (Status s = parseOpBudgets(collective_budgets, d); !s.isOk()) throw py::value_error(s.message());
+    if (Status s = parseOpBudgets(collective_budgets, d); !s.isOk()) raiseStatus(s);
     auto c = Coordinator::start(ranks, *token, o, d, [this](const Verdict& v) {
       std::lock_guard<std::mutex> lock(mu_);
       verdicts_.push_back(v);
     });
-    if (!c) throw std::runtime_error(c.status().toString());
+    if (!c) raiseStatus(c.status());
     coordinator_ = std::move(*c);
   }
   int port() const { return coordinator_->port(); }
@@ -386,14 +398,14 @@ class PyNodeMonitor {
   PyNodeMonitor(const std::string& socket_path, const std::string& host, int port, const std::string& token_hex,
                 double forward_interval_s) {
     auto token = parseJobToken(token_hex);
-    if (!token) throw py::value_error(token.status().message());
+    if (!token) raiseStatus(token.status());
     NodeMonitorOptions o;
     o.socket_path = socket_path;
     o.coordinator_host = host;
     o.coordinator_port = static_cast<uint16_t>(port);
     o.forward_interval_s = forward_interval_s;
     auto m = NodeMonitor::start(o, *token);
-    if (!m) throw std::runtime_error(m.status().toString());
+    if (!m) raiseStatus(m.status());
     monitor_ = std::move(*m);
   }
   void setCoordinator(const std::string& host, int port) {
@@ -477,12 +489,12 @@ PYBIND11_MODULE(_trainsup, m) {
 
   m.def("read_manifest", [](const std::string& dir) {
     auto r = readManifest(FileSystem::posix(), dir);
-    if (!r) throw std::runtime_error(r.status().toString());
+    if (!r) raiseStatus(r.status());
     return manifestDict(*r);
   });
   m.def("open_shard", [](const std::string& path) {
     auto r = ShardReader::open(FileSystem::posix(), path);
-    if (!r) throw std::runtime_error(r.status().toString());
+    if (!r) raiseStatus(r.status());
     const ShardReader* raw = r->get();
     return PyShard(raw, std::move(*r));
   });
@@ -551,7 +563,7 @@ PYBIND11_MODULE(_trainsup, m) {
         std::shared_ptr<CommitChannel> c;
         if (!channel.is_none()) c = std::make_shared<PyChannel>(channel);
         auto r = s.checkpointer(c);
-        if (!r) throw py::value_error(r.status().message());
+        if (!r) raiseStatus(r.status());
       }, py::arg("channel"))
       .def("save", &save, py::arg("step"), py::arg("collect"), py::arg("now"))
       .def("restore", &restore, py::arg("load"))

@@ -24,6 +24,8 @@ from ._build_info import check_torch as _check_torch
 _check_torch()  # before any extension built against torch is loaded
 
 from . import _trainsup  # noqa: E402
+from .errors import (CorruptionError, Error, InternalError, InvalidArgumentError, IoError,  # noqa: E402
+                     NotFoundError, TimedOutError, UnavailableError)
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint  # noqa: E402
 from .distributed import (collective_stats, init_process_group, inner_backend,  # noqa: E402
                           recent_collectives, track_process_group)

@@ -138,6 +138,16 @@ struct TRAINSUP_EXPORT Config {
 using JobTokenBytes = std::array<uint8_t, 16>;
 TRAINSUP_EXPORT Result<JobTokenBytes> parseJobToken(const std::string& hex);
 
+// Where a rank's telemetry goes (TRAINSUP_COORDINATOR): "unix:<path>" (the host's node monitor)
+// or "host:port" (a coordinator; port 1..65535). The one parser of that setting: Config::validate
+// and the Supervisor both use it. InvalidArgument naming the setting and the value otherwise.
+struct CoordinatorAddress {
+  std::string unix_path;  // set for "unix:<path>"
+  std::string host;       // else host and port
+  uint16_t port = 0;
+};
+TRAINSUP_EXPORT Result<CoordinatorAddress> parseCoordinatorAddress(const std::string& text);
+
 // The OS host name (gethostname), or "unknown-host".
 TRAINSUP_EXPORT std::string osHostName();
 

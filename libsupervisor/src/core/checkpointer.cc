@@ -181,6 +181,8 @@ struct Checkpointer::Impl {
   }
   void writerLoop();
   void persist(Job& job);
+  Status awaitCommit(const Job& j, const ShardInfo& mine, const std::string& dir, const std::string& prefix,
+                     Nanos deadline);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
   void applyRetention(int64_t committed_step);
 };
@@ -539,12 +541,7 @@ void Checkpointer::Impl::persist(Job& j) {
     Status c = commitAsRankZero(j, mine, prefix, deadline);
     if (result.isOk()) result = c;
   } else if (result.isOk()) {
-    auto got = channel->get(prefix + "/result", remaining(deadline));
-    if (!got) {
-      result = Status(got.status().code(), "waiting for rank 0 to commit: " + got.status().message());
-    } else if (*got != "committed") {
-      result = Status::ioError("checkpoint not committed: " + *got);
-    }
+    result = awaitCommit(j, mine, dir, prefix, deadline);
   }
   const double persist_s = toSeconds(clock->monotonicNow() - start);
   if (result.isOk()) {
@@ -583,6 +580,34 @@ void Checkpointer::Impl::persist(Job& j) {
   }
 }
 
+// A rank other than 0 waits for rank 0's result. The manifest on disk is the commit itself: if
+// rank 0 wrote it but could not publish the result (its store connection failed), the ranks
+// learn of the commit from the manifest within a second instead of waiting out the timeout.
+Status Checkpointer::Impl::awaitCommit(const Job& j, const ShardInfo& mine, const std::string& dir,
+                                       const std::string& prefix, Nanos deadline) {
+  for (;;) {
+    const Nanos left = remaining(deadline);
+    auto got = channel->get(prefix + "/result", std::min<Nanos>(left, std::chrono::seconds(1)));
+    if (got) {
+      return *got == "committed" ? Status::ok() : Status::ioError("checkpoint not committed: " + *got);
+    }
+    if (got.status().code() != StatusCode::kTimedOut) {
+      return Status(got.status().code(), "waiting for rank 0 to commit: " + got.status().message());
+    }
+    if (auto m = readManifest(*fs, dir); m && m->step == j.step &&
+        static_cast<size_t>(identity.rank) < m->shards.size() &&
+        m->shards[static_cast<size_t>(identity.rank)].xxh3 == mine.index_xxh3 &&
+        m->shards[static_cast<size_t>(identity.rank)].size == mine.file_size) {
+      event("checkpoint_result_from_manifest", {{"step", j.step}});
+      return Status::ok();
+    }
+    if (left <= std::chrono::seconds(1)) {
+      return Status::timedOut("waiting for rank 0 to commit: no result and no manifest within the commit timeout (" +
+                              std::to_string(toSeconds(commitTimeout())) + " s)");
+    }
+  }
+}
+
 Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine, const std::string& prefix,
                                             Nanos deadline) {
   const std::string dir = stepDir(j.step);
@@ -614,7 +639,19 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
   }
   (void)mine;
   Status s = failure.empty() ? writeManifest(*fs, dir, m) : Status::ioError(failure);
-  channel->set(prefix + "/result", s.isOk() ? "committed" : "failed: " + s.message());
+  // The other ranks wait for this: retry a store hiccup for a moment. If it cannot be said,
+  // a committed checkpoint is still committed (its manifest is on disk, where they look too).
+  const std::string said = s.isOk() ? "committed" : "failed: " + s.message();
+  Status published;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if ((published = channel->set(prefix + "/result", said)).isOk()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 << attempt));  // backoff, not synchronization
+  }
+  if (!published.isOk()) {
+    event("checkpoint_result_unpublished", {{"step", j.step}, {"result", said}, {"error", published.message()}});
+    log(LogLevel::kWarn, "checkpoint step " + std::to_string(j.step) + ": could not tell the other ranks '" + said +
+                             "': " + published.message() + (s.isOk() ? " (they find the manifest instead)" : ""));
+  }
   // Everyone has finished the previous save's keys by now (they reported this one).
   if (previous_save_seq > 0) {
     const std::string old = key_base + "/save/" + std::to_string(previous_save_seq);

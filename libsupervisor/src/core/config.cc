@@ -148,6 +148,29 @@ Result<JobTokenBytes> parseJobToken(const std::string& hex) {
   return t;
 }
 
+Result<CoordinatorAddress> parseCoordinatorAddress(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return Status::invalidArgument("coordinator (TRAINSUP_COORDINATOR)=\"" + text + "\" " + why);
+  };
+  CoordinatorAddress a;
+  if (text.rfind("unix:", 0) == 0) {
+    if (text.size() == 5) return bad("names no socket path after unix:");
+    a.unix_path = text.substr(5);
+    return a;
+  }
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size()) {
+    return bad("is not host:port or unix:<path>");
+  }
+  const std::string port = text.substr(colon + 1);
+  if (port.find_first_not_of("0123456789") != std::string::npos) return bad("has a port that is not a number");
+  // At most 5 digits before converting: no overflow, whatever the length.
+  if (port.size() > 5 || std::stoul(port) < 1 || std::stoul(port) > 65535) return bad("has a port outside 1..65535");
+  a.host = text.substr(0, colon);
+  a.port = static_cast<uint16_t>(std::stoul(port));
+  return a;
+}
+
 std::string osHostName() {
   char buf[HOST_NAME_MAX + 1] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "unknown-host";
@@ -349,12 +372,7 @@ Status Config::validate() const {
                " must exceed watchdog_interval_s=" + std::to_string(watchdog_interval_s));
   }
   if (!coordinator.empty()) {
-    size_t colon = coordinator.rfind(':');
-    const bool unix_socket = coordinator.rfind("unix:", 0) == 0 && coordinator.size() > 5;
-    if (!unix_socket && (colon == std::string::npos || colon == 0 || colon + 1 == coordinator.size() ||
-                         coordinator.find_first_not_of("0123456789", colon + 1) != std::string::npos)) {
-      return bad("coordinator (TRAINSUP_COORDINATOR)=" + quote(coordinator) + " is not host:port or unix:<path>");
-    }
+    if (auto address = parseCoordinatorAddress(coordinator); !address) return address.status();
     if (job_token.size() != 32 || job_token.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
       return bad("job_token (TRAINSUP_JOB_TOKEN) must be 32 hex digits when TRAINSUP_COORDINATOR is set");
     }

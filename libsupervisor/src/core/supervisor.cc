@@ -379,21 +379,13 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
                        {"budget_warmup_count", c.budgets.warmup_count},
                        {"budget_warmup_s", c.budgets.warmup_s},
                        {"log_file", impl->log_path}});
-  if (c.handle_signals) {
-    impl->owns_signals = stop_signals::install();
-    if (!impl->owns_signals) {
-      impl->logger.logger->warn("another Supervisor in this process owns the SIGTERM/SIGINT handlers");
-    }
-  }
   if (!c.coordinator.empty()) {
     TelemetryClientOptions t;
-    if (c.coordinator.rfind("unix:", 0) == 0) {
-      t.unix_path = c.coordinator.substr(5);
-    } else {
-      size_t colon = c.coordinator.rfind(':');
-      t.host = c.coordinator.substr(0, colon);
-      t.port = static_cast<uint16_t>(std::stoi(c.coordinator.substr(colon + 1)));
-    }
+    auto address = parseCoordinatorAddress(c.coordinator);  // validate() accepted it already
+    if (!address) return address.status();
+    t.unix_path = address->unix_path;
+    t.host = address->host;
+    t.port = address->port;
     t.token = *parseJobToken(c.job_token);
     t.rank = c.identity.rank;
     t.local_rank = c.identity.local_rank;
@@ -412,6 +404,14 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options op
     if (!client) return client.status();
     impl->telemetry = std::move(*client);
     impl->logger.logger->info("telemetry to the coordinator at {}", c.coordinator);
+  }
+  // Last of the things that can fail: a failed create leaves no handlers (and no flag) behind
+  // for a later Supervisor to be refused.
+  if (c.handle_signals) {
+    impl->owns_signals = stop_signals::install();
+    if (!impl->owns_signals) {
+      impl->logger.logger->warn("another Supervisor in this process owns the SIGTERM/SIGINT handlers");
+    }
   }
   if (c.watchdog_enabled) impl->watchdog->start();
   return std::unique_ptr<Supervisor>(new Supervisor(std::move(impl)));
