@@ -5,8 +5,6 @@
 // it); the rest is the stream. Invariants: the decoder never buffers more than one frame's
 // worth, every message it yields has at most kRecordsPerFrame records of its type only, and
 // re-encoding a yielded message and decoding it again gives the same message.
-#include <cstring>
-
 #include "fuzz_entry.h"
 #include "trainsup/telemetry_wire.h"
 
@@ -21,34 +19,6 @@ size_t records(const WireMessage& m) {
          m.gones.size();
 }
 
-bool same(const WireMessage& a, const WireMessage& b) {
-  if (a.type != b.type || records(a) != records(b)) return false;
-  for (size_t i = 0; i < a.collectives.size(); ++i) {
-    const auto &x = a.collectives[i], &y = b.collectives[i];
-    if (x.rank != y.rank || x.seq != y.seq || x.op != y.op || x.bytes != y.bytes || x.enter_ns != y.enter_ns ||
-        x.exit_ns != y.exit_ns) {
-      return false;
-    }
-  }
-  for (size_t i = 0; i < a.heartbeats.size(); ++i) {
-    const auto &x = a.heartbeats[i], &y = b.heartbeats[i];
-    if (x.rank != y.rank || x.step != y.step || x.sent_ns != y.sent_ns || x.in_section_ns != y.in_section_ns ||
-        std::memcmp(x.section, y.section, sizeof(x.section)) != 0) {
-      return false;
-    }
-  }
-  for (size_t i = 0; i < a.hellos.size(); ++i) {
-    const auto &x = a.hellos[i], &y = b.hellos[i];
-    if (x.rank != y.rank || x.local_rank != y.local_rank || std::memcmp(x.host, y.host, sizeof(x.host)) != 0 ||
-        std::memcmp(x.gpu, y.gpu, sizeof(x.gpu)) != 0) {
-      return false;
-    }
-  }
-  for (size_t i = 0; i < a.gones.size(); ++i) {
-    if (a.gones[i].rank != b.gones[i].rank || a.gones[i].reason != b.gones[i].reason) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -73,7 +43,7 @@ TRAINSUP_FUZZ_ENTRY(trainsupFuzzTelemetryFrame) {
       const std::string again = encodeFrame(m, kToken);
       FrameDecoder check(kToken);
       auto decoded = check.feed(reinterpret_cast<const uint8_t*>(again.data()), again.size());
-      TRAINSUP_FUZZ_CHECK(decoded.size() == 1 && same(m, decoded[0]));
+      TRAINSUP_FUZZ_CHECK(decoded.size() == 1 && sameMessage(m, decoded[0]));
     }
     // Never more than a header and the largest payload waiting for their end.
     TRAINSUP_FUZZ_CHECK(decoder.buffered() <= 28 + kMaxPayload);

@@ -191,9 +191,8 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30):
         c.wait_until(lambda: c.training_at("host-a", 200), 180, "training to step 200")
         time.sleep(0.4)
         victim = "host-a" if scenario == "store_cut" else "host-b"
-        if scenario == "coordinator_cut":  # the host whose agent runs the coordinator
-            elected = [e for h in ("host-a", "host-b") for e in c.agent_events(h) if e["event"] == "coordinator_elected"]
-            victim = max(elected, key=lambda e: e["time"])["host"]
+        if scenario == "coordinator_cut":
+            victim = c.coordinator_host()
         fault_wall = time.time()
         if scenario in ("link_cut", "store_cut", "coordinator_cut"):
             net.cut(victim)

@@ -124,6 +124,11 @@ class Cluster:
     def training_at(self, host, step):
         return any(e["event"] == "checkpoint_committed" and e.get("step", -1) >= step for e in self.rank_events(host))
 
+    def coordinator_host(self, hosts=("host-a", "host-b")):
+        """The host whose agent was elected coordinator last."""
+        elected = [e for h in hosts for e in self.agent_events(h) if e["event"] == "coordinator_elected"]
+        return max(elected, key=lambda e: e["time"])["host"]
+
     def worker_pid(self, host):
         starts = [e for e in self.rank_events(host) if e["event"] == "supervisor_start"]
         return starts[-1]["pid"]
@@ -199,9 +204,7 @@ def host_death_scenario(workdir, steps):
         c.start("host-c")
         c.wait_until(lambda: c.training_at("host-a", 200), 120, "training to step 200")
         time.sleep(0.4)
-        # The host that is worst to lose: the one whose agent runs the coordinator.
-        elected = [e for h in ("host-a", "host-b") for e in c.agent_events(h) if e["event"] == "coordinator_elected"]
-        victim = max(elected, key=lambda e: e["time"])["host"]
+        victim = c.coordinator_host()  # the host that is worst to lose
         worker = c.worker_pid(victim)
         fault_wall = time.time()
         c.agents[victim].kill()

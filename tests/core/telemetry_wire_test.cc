@@ -56,40 +56,6 @@ WireMessage sample(std::mt19937& rng) {
   return m;
 }
 
-bool same(const WireMessage& a, const WireMessage& b) {
-  if (a.type != b.type || a.collectives.size() != b.collectives.size() || a.heartbeats.size() != b.heartbeats.size() ||
-      a.stalls.size() != b.stalls.size() || a.hellos.size() != b.hellos.size() || a.gones.size() != b.gones.size()) {
-    return false;
-  }
-  for (size_t i = 0; i < a.hellos.size(); ++i) {
-    const auto &x = a.hellos[i], &y = b.hellos[i];
-    if (x.rank != y.rank || x.local_rank != y.local_rank || std::string(x.host) != y.host ||
-        std::string(x.gpu) != y.gpu) {
-      return false;
-    }
-  }
-  for (size_t i = 0; i < a.gones.size(); ++i) {
-    if (a.gones[i].rank != b.gones[i].rank || a.gones[i].reason != b.gones[i].reason) return false;
-  }
-  for (size_t i = 0; i < a.collectives.size(); ++i) {
-    const auto &x = a.collectives[i], &y = b.collectives[i];
-    if (x.rank != y.rank || x.seq != y.seq || x.op != y.op || x.bytes != y.bytes || x.enter_ns != y.enter_ns ||
-        x.exit_ns != y.exit_ns) {
-      return false;
-    }
-  }
-  for (size_t i = 0; i < a.heartbeats.size(); ++i) {
-    const auto &x = a.heartbeats[i], &y = b.heartbeats[i];
-    if (x.rank != y.rank || x.step != y.step || x.sent_ns != y.sent_ns || x.in_section_ns != y.in_section_ns ||
-        std::string(x.section) != y.section) {
-      return false;
-    }
-  }
-  for (size_t i = 0; i < a.stalls.size(); ++i) {
-    if (a.stalls[i].rank != b.stalls[i].rank || std::string(a.stalls[i].section) != b.stalls[i].section) return false;
-  }
-  return true;
-}
 
 TEST(TelemetryWireTest, RoundTripWholeAndByteByByte) {
   std::mt19937 rng(1);
@@ -99,7 +65,7 @@ TEST(TelemetryWireTest, RoundTripWholeAndByteByByte) {
     FrameDecoder whole(token(7));
     auto got = whole.feed(reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
     ASSERT_EQ(got.size(), 1u);
-    EXPECT_TRUE(same(got[0], m));
+    EXPECT_TRUE(sameMessage(got[0], m));
     FrameDecoder trickle(token(7));
     std::vector<WireMessage> out;
     for (char c : frame) {
@@ -107,7 +73,7 @@ TEST(TelemetryWireTest, RoundTripWholeAndByteByByte) {
       out.insert(out.end(), part.begin(), part.end());
     }
     ASSERT_EQ(out.size(), 1u);
-    EXPECT_TRUE(same(out[0], m));
+    EXPECT_TRUE(sameMessage(out[0], m));
     EXPECT_EQ(trickle.buffered(), 0u);
   }
 }

@@ -5,6 +5,7 @@
 # trainsup and trainsup-run commands, and a C++ consumer linking trainsup::torch through
 # trainsup.cmake_prefix_path. Uninstalls the wheel at the end.
 #   check_wheel.sh PYTHON SOURCE_DIR WORK_DIR CONSUMER_DIR
+# TRAINSUP_PREBUILT_WHEEL=path: check that wheel (built the same way) instead of building one.
 set -euo pipefail
 py=$1 src=$2 work=$3 consumer=$4
 bin=$(dirname "$py")
@@ -13,10 +14,16 @@ mkdir -p "$work"
 trap '"$py" -m pip uninstall -q -y trainsup >/dev/null 2>&1 || true' EXIT
 unset PYTHONPATH TRAINSUP_PYTHONPATH
 
-echo "== pip wheel $src"
-"$py" -m pip wheel -q --no-deps -w "$work/dist" "$src" 2>&1 | grep -v "^WARNING: Location" || true
-whl=$(ls "$work"/dist/trainsup-*.whl)
-echo "built $whl"
+if [[ -n ${TRAINSUP_PREBUILT_WHEEL:-} ]]; then
+  # scripts/test.sh built it in the background with the command below, beside the other tests.
+  whl=$TRAINSUP_PREBUILT_WHEEL
+  echo "== the wheel scripts/test.sh built with 'pip wheel --no-deps $src': $whl"
+else
+  echo "== pip wheel $src"
+  "$py" -m pip wheel -q --no-deps -w "$work/dist" "$src" 2>&1 | grep -v "^WARNING: Location" || true
+  whl=$(ls "$work"/dist/trainsup-*.whl)
+  echo "built $whl"
+fi
 "$py" - "$whl" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()

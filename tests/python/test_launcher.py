@@ -94,7 +94,7 @@ def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path, cle
     c_ranks = sorted((tmp_path / "spare" / "logs").glob("*-host-c-r*.events.jsonl"))
     c_events = [e for p in c_ranks for e in _events(p)]
     restored = next(e for e in c_events if e["event"] == "checkpoint_restored")
-    restart = next(e for e in a if e["event"] == "restart")
+    restart = next(e for e in a if e["event"] == "restart" and e["time"] > s["fault_time"])
     assert restored["step"] == restart["newest_checkpoint_step"], (restored, restart)  # newest valid one
     # The report: the incident, its cost split three ways, ETTR, and an HTML timeline.
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -146,7 +146,10 @@ def test_a_host_that_dies_outright_is_named_and_evicted_and_the_job_goes_on_unde
     assert failures and failures[0]["error_class"] == "network_or_peer", failures
     c_events = [e for p in (tmp_path / "death" / "logs").glob("*-host-c-r*.events.jsonl") for e in _events(p)]
     restored = next(e for e in c_events if e["event"] == "checkpoint_restored")
-    restart = next(e for e in _events(run / f"agent-{survivor}.events.jsonl") if e["event"] == "restart")
+    # The restart that followed the death (not an unrelated earlier one, e.g. after a worker that
+    # lost torchrun's race for its master port at start).
+    restart = next(e for e in _events(run / f"agent-{survivor}.events.jsonl")
+                   if e["event"] == "restart" and e["time"] > s["fault_time"])
     assert restored["step"] == restart["newest_checkpoint_step"], (restored, restart)
     _assert_same_training(clean, tmp_path / "death" / "final.pt")
 

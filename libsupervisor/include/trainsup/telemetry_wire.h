@@ -95,6 +95,9 @@ inline constexpr uint32_t kMaxPayload = 1u << 20;
 inline constexpr size_t kRecordsPerFrame = 4096;
 
 TRAINSUP_EXPORT std::string encodeFrame(const WireMessage& message, const JobToken& token);
+// Whether two messages carry the same records, field by field (the NUL-padded texts compared
+// up to their padding): what a frame decoded from encodeFrame(m) must be to m.
+TRAINSUP_EXPORT bool sameMessage(const WireMessage& a, const WireMessage& b);
 
 class TRAINSUP_EXPORT FrameDecoder {
  public:

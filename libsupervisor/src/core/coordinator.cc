@@ -64,7 +64,6 @@ int64_t nowNs() { return Clock::real().monotonicNow().count(); }
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-
   // Queues a frame to this peer (I/O thread).
   void send(std::shared_ptr<std::string> frame) {
     auto self = shared_from_this();

@@ -227,4 +227,43 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
   return out;
 }
 
+namespace {
+
+bool sameText(const char* a, const char* b, size_t n) { return std::strncmp(a, b, n) == 0; }
+
+}  // namespace
+
+bool sameMessage(const WireMessage& a, const WireMessage& b) {
+  auto same = [](const auto& xs, const auto& ys, auto eq) {
+    if (xs.size() != ys.size()) return false;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (!eq(xs[i], ys[i])) return false;
+    }
+    return true;
+  };
+  return a.type == b.type &&
+         same(a.collectives, b.collectives, [](const WireCollective& x, const WireCollective& y) {
+           return x.rank == y.rank && x.seq == y.seq && x.op == y.op && x.bytes == y.bytes &&
+                  x.enter_ns == y.enter_ns && x.exit_ns == y.exit_ns;
+         }) &&
+         same(a.heartbeats, b.heartbeats, [](const WireHeartbeat& x, const WireHeartbeat& y) {
+           return x.rank == y.rank && x.step == y.step && x.sent_ns == y.sent_ns && x.in_section_ns == y.in_section_ns &&
+                  sameText(x.section, y.section, sizeof(x.section));
+         }) &&
+         same(a.stalls, b.stalls, [](const WireStall& x, const WireStall& y) {
+           return x.rank == y.rank && x.step == y.step && sameText(x.section, y.section, sizeof(x.section));
+         }) &&
+         same(a.aborts, b.aborts, [](const WireAbort& x, const WireAbort& y) {
+           return x.culprit_rank == y.culprit_rank && sameText(x.kind, y.kind, sizeof(x.kind)) &&
+                  sameText(x.host, y.host, sizeof(x.host));
+         }) &&
+         same(a.hellos, b.hellos, [](const WireHello& x, const WireHello& y) {
+           return x.rank == y.rank && x.local_rank == y.local_rank && sameText(x.host, y.host, sizeof(x.host)) &&
+                  sameText(x.gpu, y.gpu, sizeof(x.gpu));
+         }) &&
+         same(a.gones, b.gones, [](const WireGone& x, const WireGone& y) {
+           return x.rank == y.rank && x.reason == y.reason;
+         });
+}
+
 }  // namespace trainsup
