@@ -32,6 +32,8 @@ _SIGNATURES = [
     ("network_or_peer", [
         r"Connection closed by (remote )?peer", r"Broken pipe", r"Connection reset by peer", r"socketProgress",
         r"RendezvousConnectionError", r"Connection refused", r"NCCL WARN Net",
+        # A port taken between torchrun choosing it and the worker binding it: not the program's bug.
+        r"DistNetworkError", r"EADDRINUSE", r"[Aa]ddress already in use",
     ]),
 ]
 _COMPILED = [(cls, [re.compile(p, re.IGNORECASE) for p in pats]) for cls, pats in _SIGNATURES]
