@@ -23,6 +23,11 @@ def say(**kw):
 trainsup.init_process_group("gloo")
 rank = dist.get_rank()
 dist.barrier()
+# The barrier's record ends when the completion watcher next polls it (every 1 ms): let it, so
+# that the all-reduce below is the only collective pending when the test looks.
+deadline = time.monotonic() + 10
+while trainsup.collective_stats()["pending"] and time.monotonic() < deadline:
+    time.sleep(0.001)
 t = torch.ones(1024)
 if rank == 0:
     work = dist.all_reduce(t, async_op=True)
