@@ -179,12 +179,7 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30):
                    extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
     summary = {"scenario": scenario, "addresses": net.addr}
     try:
-        c.start("host-a")
-        c.wait_until(lambda: any(e["event"] == "agent_start" for e in c.agent_events("host-a")), 60,
-                     "host-a's agent to start")
-        c.start("host-b")
-        c.wait_until(lambda: c.training_at("host-a", 100) and c.training_at("host-b", 100), 240,
-                     "training on host-a and host-b")
+        c.start_a_then_b(100, 240)
         if spare:
             c.start("host-c")
             time.sleep(3)  # the spare is waiting for a round

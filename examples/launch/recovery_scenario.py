@@ -124,6 +124,16 @@ class Cluster:
     def training_at(self, host, step):
         return any(e["event"] == "checkpoint_committed" and e.get("step", -1) >= step for e in self.rank_events(host))
 
+    def start_a_then_b(self, step, timeout):
+        """Starts host-a, and host-b once host-a's agent is up (so that host-a serves the c10d
+        store), then waits until both have trained past `step`."""
+        self.start("host-a")
+        self.wait_until(lambda: any(e["event"] == "agent_start" for e in self.agent_events("host-a")), 60,
+                        "host-a's agent to start")
+        self.start("host-b")
+        self.wait_until(lambda: self.training_at("host-a", step) and self.training_at("host-b", step), timeout,
+                        "training on host-a and host-b")
+
     def coordinator_host(self, hosts=("host-a", "host-b")):
         """The host whose agent was elected coordinator last."""
         elected = [e for h in hosts for e in self.agent_events(h) if e["event"] == "coordinator_elected"]
@@ -223,12 +233,7 @@ def preempt_scenario(workdir, steps):
     c = Cluster(workdir, "1:2", steps, extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
     try:
         # host-a first, so that it serves the c10d store (with c10d, the store's host must not go).
-        c.start("host-a")
-        c.wait_until(lambda: any(e["event"] == "agent_start" for e in c.agent_events("host-a")), 60,
-                     "host-a's agent to start")
-        c.start("host-b")
-        c.wait_until(lambda: c.training_at("host-a", 150) and c.training_at("host-b", 150), 180,
-                     "training on host-a and host-b")
+        c.start_a_then_b(150, 180)
         signal_wall = time.time()
         c.agents["host-b"].send_signal(signal.SIGTERM)
         codes = c.wait_agents(600)
