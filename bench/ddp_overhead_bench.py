@@ -10,19 +10,14 @@ skew between ranks, are not timed). Last line: one JSON object with "ddp_overhea
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 
+from trainsup.ports import free_port
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(os.path.dirname(HERE), "examples", "python", "train_ddp.py")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(plain, steps, tmp):

@@ -41,7 +41,6 @@ import pathlib
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,16 +48,12 @@ import tempfile
 import threading
 import time
 
+from trainsup.ports import free_port
+
 HERE = pathlib.Path(__file__).resolve().parent
 TRAIN = HERE / "alternatives" / "train.py"
 HOSTS = ("host-a", "host-b")
 VICTIM, SURVIVOR = "host-b", "host-a"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_jsonl(path):

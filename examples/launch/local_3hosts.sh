@@ -14,7 +14,7 @@ repo="$(cd "$here/../.." && pwd)"
 run_dir="${1:-/tmp/trainsup-3hosts}"
 steps="${2:-600}"
 python="${PYTHON:-python3}"
-port="$("$python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+port="$("$python" -c 'from trainsup.ports import free_port; print(free_port())')"
 mkdir -p "$run_dir"
 export TRAINSUP_CHECKPOINT_DIR="$run_dir/ckpt" TRAINSUP_LOG_DIR="$run_dir/logs" TRAINSUP_LOG_STDERR=0
 export OMP_NUM_THREADS=1

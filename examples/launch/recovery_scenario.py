@@ -33,14 +33,10 @@ import subprocess
 import sys
 import time
 
+from trainsup.ports import free_port
+
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 TRAIN = REPO / "examples" / "python" / "train_ddp.py"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_etcd(workdir, port, address="127.0.0.1", prefix=()):

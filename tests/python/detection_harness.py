@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from trainsup.ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_DDP = os.path.join(REPO, "examples", "python", "train_ddp.py")
@@ -21,12 +22,6 @@ HOSTS = ["host-a", "host-a", "host-b", "host-b"]  # rank -> host
 
 def available():
     return all(p and os.path.exists(p) for p in (COORDINATOR, NODE_MONITOR))
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:
@@ -50,7 +45,7 @@ class Job:
             line = json.loads(m.stdout.readline())
             assert line["event"] == "listening", line
             self.monitors[host] = (m, sock)
-        port = _free_port()
+        port = free_port()
         self.ranks = []
         for r in range(world):
             host = HOSTS[r]

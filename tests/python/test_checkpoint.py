@@ -2,7 +2,6 @@
 bitwise equal to an uninterrupted one, and checkpoints of the C++ example are readable."""
 import os
 import random
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 import trainsup
+from trainsup.ports import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_DDP = os.path.join(REPO, "examples", "python", "train_ddp.py")
@@ -79,14 +79,8 @@ def test_no_checkpoint_restores_step_zero_and_mismatch_raises(tmp_path):
             sup.restore({"model": torch.nn.Linear(3, 3)})
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ddp(tmp_path, tag, world, extra, expect_kill=False, snapshot="blocking"):
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),

@@ -4,25 +4,19 @@ state are DTensors, each rank saving and restoring its own shard; optimizers and
 with them. Each case compares a run interrupted after its checkpoint and resumed in new
 processes with a run that never stopped."""
 import os
-import socket
 import subprocess
 import sys
 
 import torch
+from trainsup.ports import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch2_state_worker.py")
 STEPS, EVERY = 12, 8  # one checkpoint, at step 8; the resumed run does steps 9..11
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(tmp_path, tag, model, world, ckpt_dir, extra=(), steps=STEPS):
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),

@@ -58,10 +58,8 @@ def test_pytorch_distributed_tests_have_the_same_outcomes_with_trainsup(tmp_path
 def test_distributed_checkpoint_of_an_fsdp2_model_works_with_trainsup(tmp_path):
     """torch.distributed.checkpoint (save, async_save, load) of an FSDP2 model on gloo, with every
     collective of the default group going through trainsup's tracking backend."""
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from trainsup.ports import free_port
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",

@@ -3,7 +3,6 @@ rendezvous handlers (two nodes of one c10d rendezvous in this process) and a rea
 import dataclasses
 import datetime
 import os
-import socket
 import sys
 import threading
 import time
@@ -17,12 +16,7 @@ from trainsup.telemetry import compare_set, peek
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                                 "examples", "launch"))
 from recovery_scenario import start_etcd  # noqa: E402
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from trainsup.ports import free_port
 
 
 @pytest.fixture()
@@ -30,7 +24,7 @@ def two_nodes():
     """Two handlers of one c10d rendezvous (min = max = 2), after their first round."""
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
     make = compat.inner_handler_factory("c10d")
     handlers = [make(RendezvousParameters(backend="c10d", endpoint=endpoint, run_id="compat", min_nodes=2,
                                           max_nodes=2, join_timeout="30")) for _ in range(2)]
@@ -81,7 +75,7 @@ def test_expedite_ends_the_last_call_wait_of_a_round_that_has_everyone_it_can_ge
 
     # MIN 1, MAX 2: one node alone waits torch's last call (30 s) for a second one.
     h = compat.inner_handler_factory("c10d")(RendezvousParameters(
-        backend="c10d", endpoint=f"127.0.0.1:{_free_port()}", run_id="expedite", min_nodes=1, max_nodes=2))
+        backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id="expedite", min_nodes=1, max_nodes=2))
     done = threading.Event()
     result = []
     threading.Thread(target=lambda: (result.append(compat.unpack_rendezvous(h.next_rendezvous())), done.set()),
@@ -127,7 +121,7 @@ def test_the_etcd_store_does_what_the_election_and_the_quarantine_need(tmp_path)
     import etcd
     from torch.distributed import PrefixStore
 
-    port = _free_port()
+    port = free_port()
     server = start_etcd(tmp_path, port)
     try:
         client = etcd.Client(host="127.0.0.1", port=port)

@@ -2,26 +2,20 @@
 the default group, including DDP's bucketed all-reduces issued from C++."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 import trainsup
+from trainsup.ports import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tracker_counts_every_ddp_allreduce(tmp_path):
     world, steps = 2, 6
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -46,7 +40,7 @@ def test_tracker_counts_every_ddp_allreduce(tmp_path):
 def test_collective_held_back_by_a_peer_stays_in_flight_until_it_finishes(tmp_path):
     """Completion is read from the work: an all-reduce that a peer has not joined is pending in
     the tracker however long it waits, and its recorded duration covers the wait."""
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",

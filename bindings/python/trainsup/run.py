@@ -28,6 +28,7 @@ import sys
 import uuid
 
 from . import _torchrun_compat as compat
+from .ports import free_port
 
 OUR_FLAGS = {
     "--run-dir": ("TRAINSUP_RUN_DIR", "trainsup-run"),
@@ -75,9 +76,7 @@ def main(argv=None):
         from .launcher import node_name
         args.log_dir, args.tee = os.path.join(run_dir, "workers", node_name()), "3"
     if args.standalone:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         args.standalone = False
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", f"127.0.0.1:{port}", str(uuid.uuid4())
     inner_backend = args.rdzv_backend
