@@ -17,8 +17,9 @@ them at the end.
                 b active, c spare; the link of the host whose agent runs the coordinator is cut:
                 another agent takes the coordinator over, the cut host is named and quarantined,
                 and the job finishes on the other host and the spare.
-  lossy         hosts a, b (--nnodes=2:2): host-b's link drops 30% of packets each way and is
-                slowed (tc netem delay 200 ms where the kernel has netem, else a 2 Mbit/s cap) for
+  lossy         hosts a, b (--nnodes=2:2): host-b's link loses --loss-pct (30) % of host-b's
+                outgoing packets and delays the rest by --delay-ms (200) ms, what one netem qdisc
+                on it would do (netshape.py; --both-ways: incoming packets are lost too), for
                 --fault-s seconds: host-b is slow, not dead: no host may be quarantined and the
                 job must finish on a + b.
   heal          hosts a, b: host-b's link goes down for --fault-s seconds (under the 5 s silence
@@ -26,7 +27,8 @@ them at the end.
 
 Prints a JSON summary line last. Used by bench/network_bench.py and tests/python/test_network.py.
 
-  network_scenario.py SCENARIO WORKDIR [--steps N] [--fault-s S] [--loss-pct P]
+  network_scenario.py SCENARIO WORKDIR [--steps N] [--fault-s S] [--loss-pct P] [--delay-ms D]
+                      [--both-ways]
 """
 import argparse
 import json
@@ -60,7 +62,7 @@ class TestNet:
         self.tag = f"{os.getpid() % 10000:04d}"
         self.subnet = 10 + random.Random(os.getpid()).randrange(200)
         self.bridge = f"tsbr{self.tag}"
-        self.ns, self.addr, self.link = {}, {}, {}
+        self.ns, self.addr, self.link, self.shapers = {}, {}, {}, {}
         try:
             sh("ip", "link", "add", self.bridge, "type", "bridge")
             sh("ip", "addr", "add", f"10.77.{self.subnet}.254/24", "dev", self.bridge)  # this side reaches them
@@ -87,31 +89,45 @@ class TestNet:
     def restore(self, host):
         sh("ip", "link", "set", self.link[host], "up")
 
-    def impair(self, host, loss_pct, rate="2mbit"):
-        """`loss_pct` % of the packets lost in each direction (iptables' statistic match) and the
-        link capped at `rate` (tbf: queueing delay). netem, which would add a fixed delay, is
-        used where the kernel has it; this machine's kernel does not (sch_netem missing)."""
+    def impair(self, host, loss_pct, delay_ms=200, both_ways=False):
+        """`loss_pct` % of host's outgoing packets lost and the rest held `delay_ms` (what one netem
+        qdisc on its link does; `both_ways`: incoming packets lost too). This kernel has no netem,
+        so netshape.py does it from an NFQUEUE inside the host's namespace."""
         ns = self.ns[host]
-        for chain in ("INPUT", "OUTPUT"):
-            sh("ip", "netns", "exec", ns, IPTABLES, "-A", chain, "-m", "statistic", "--mode", "random",
-               "--probability", f"{loss_pct / 100:.2f}", "-j", "DROP")
-        netem = sh("tc", "qdisc", "add", "dev", self.link[host], "root", "netem", "delay", "200ms", check=False)
-        if netem.returncode == 0:
-            sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", "200ms")
-            return "netem delay 200ms"
-        for dev, inside in ((self.link[host], False), ("eth0", True)):
-            cmd = ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "16kbit", "latency", "500ms"]
-            sh(*(["ip", "netns", "exec", ns] + cmd if inside else cmd))
-        return f"tbf rate {rate} (no netem in this kernel)"
+        queue = 100 + len(self.shapers)
+        cmd = ["ip", "netns", "exec", ns, sys.executable, str(pathlib.Path(__file__).resolve().parent / "netshape.py"),
+               "--queue", str(queue), "--delay-ms", f"{delay_ms:g}", "--loss-pct", f"{loss_pct:g}",
+               *(["--both-ways"] if both_ways else [])]
+        shaper = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        first = shaper.stdout.readline().strip()  # "ready" once bound; anything else is its error
+        if first != "ready":
+            shaper.kill()
+            raise RuntimeError(f"netshape.py in {ns} did not start: {first} {shaper.stdout.read()}")
+        self.shapers[host] = shaper
+        for chain in ("OUTPUT", "INPUT"):
+            sh("ip", "netns", "exec", ns, IPTABLES, "-A", chain, "-o" if chain == "OUTPUT" else "-i", "eth0",
+               "-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass")
+        return (f"{loss_pct:g}% of host's outgoing packets lost{' (and of incoming)' if both_ways else ''}, "
+                f"the rest delayed {delay_ms:g} ms (netshape.py: NFQUEUE, no netem in this kernel)")
 
     def unimpair(self, host):
+        """Ends the impairment; returns the shaper's packet counts."""
         ns = self.ns[host]
         for chain in ("INPUT", "OUTPUT"):
             sh("ip", "netns", "exec", ns, IPTABLES, "-F", chain, check=False)
-        sh("tc", "qdisc", "del", "dev", self.link[host], "root", check=False)
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+        shaper = self.shapers.pop(host, None)
+        if shaper is None:
+            return None
+        shaper.terminate()
+        out, _ = shaper.communicate(timeout=10)
+        try:
+            return json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"shaper_output": out[-500:]}
 
     def close(self):
+        for shaper in self.shapers.values():
+            shaper.kill()
         for ns in self.ns.values():
             # Anything still running in the namespace goes with it.
             pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
@@ -169,7 +185,7 @@ def verdicts(c):
     return sorted(seen.values(), key=lambda e: e["time"])
 
 
-def run(scenario, workdir, steps, fault_s, loss_pct=30):
+def run(scenario, workdir, steps, fault_s, loss_pct=30, delay_ms=200, both_ways=False):
     # A fresh directory: events left by an earlier run would be read as this one's.
     shutil.rmtree(workdir, ignore_errors=True)
     pathlib.Path(workdir).mkdir(parents=True)
@@ -197,10 +213,10 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30):
             net.restore(victim)
         elif scenario == "lossy":
             before = steps_done(c, "host-a")
-            summary["impairment"] = f"{loss_pct:g}% loss each way, " + net.impair(victim, loss_pct)
+            summary["impairment"] = net.impair(victim, loss_pct, delay_ms, both_ways)
             time.sleep(fault_s)
             during = steps_done(c, "host-a") - before
-            net.unimpair(victim)
+            summary["shaped_packets"] = net.unimpair(victim)
             summary["steps_per_s_during_fault"] = round(during / fault_s, 2)
         with open(c.dir / "run" / "faults.jsonl", "a") as f:
             f.write(json.dumps({"event": "fault_injected", "time": fault_wall, "host": victim, "kind": scenario}) + "\n")
@@ -239,9 +255,11 @@ def main():
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--fault-s", type=float, default=2.0)
-    p.add_argument("--loss-pct", type=float, default=30, help="lossy: packets lost in each direction")
+    p.add_argument("--loss-pct", type=float, default=30, help="lossy: share of host-b's outgoing packets lost")
+    p.add_argument("--delay-ms", type=float, default=200, help="lossy: delay of host-b's outgoing packets")
+    p.add_argument("--both-ways", action="store_true", help="lossy: host-b's incoming packets are lost too")
     a = p.parse_args()
-    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s, a.loss_pct)))
+    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s, a.loss_pct, a.delay_ms, a.both_ways)))
 
 
 if __name__ == "__main__":

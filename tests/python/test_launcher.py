@@ -283,3 +283,23 @@ def test_a_host_failing_its_preflight_quarantines_itself_and_never_joins(tmp_pat
     assert "skipped" in pre["details"][0]
     assert json.loads((run / "quarantine" / "host-x.json").read_text())["verdict"] == "preflight"
     assert not any(e["event"] == "rendezvous" for e in events)
+
+
+@pytest.mark.parametrize("flag, env, value, says", [
+    ("--hang-floor-s", "TRAINSUP_HANG_FLOOR_S", "-1", "positive number of seconds"),
+    ("--comm-fault-confirm-s", "TRAINSUP_COMM_FAULT_CONFIRM_S", "soon", "non-negative number of seconds"),
+    ("--collective-budgets", "TRAINSUP_COLLECTIVE_BUDGETS", "allreduc=30", "unknown op 'allreduc'"),
+    ("--rank-silence-s", "TRAINSUP_RANK_SILENCE_S", "nan", "positive number of seconds"),
+])
+@pytest.mark.parametrize("by_env", [False, True])
+def test_a_bad_detection_setting_stops_the_launcher_naming_it(tmp_path, flag, env, value, says, by_env):
+    script = tmp_path / "never_runs.py"
+    script.write_text("raise SystemExit('the worker must not start with bad settings')\n")
+    extra = {env: value} if by_env else {}
+    p = subprocess.run([sys.executable, "-m", "trainsup.run", "--standalone", "--nnodes=1", "--nproc_per_node=1",
+                        "--run-dir", str(tmp_path / "run"), *([] if by_env else [f"{flag}={value}"]), str(script)],
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **extra),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
+    assert f"{flag} / {env}" in p.stderr and says in p.stderr, p.stderr[-2000:]
+    assert "must not start" not in p.stdout + p.stderr

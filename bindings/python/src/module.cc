@@ -319,7 +319,7 @@ class PyCoordinator {
   PyCoordinator(int world, const std::string& token_hex, const std::string& bind, int port, double hang_floor_s,
                 double heartbeat_timeout_s, double expect_within_s,
                 const std::vector<std::tuple<int, int, std::string, std::string>>& known,
-                const std::string& collective_budgets) {
+                const std::string& collective_budgets, double comm_fault_confirm_s) {
     auto token = parseJobToken(token_hex);
     if (!token) raiseStatus(token.status());
     std::vector<RankInfo> ranks;
@@ -334,6 +334,7 @@ class PyCoordinator {
     DetectorOptions d;
     d.hang_floor_s = hang_floor_s;
     d.heartbeat_timeout_s = heartbeat_timeout_s;
+    d.comm_fault_confirm_s = comm_fault_confirm_s;
     if (Status s = parseOpBudgets(collective_budgets, d); !s.isOk()) raiseStatus(s);
     auto c = Coordinator::start(ranks, *token, o, d, [this](const Verdict& v) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -455,14 +456,22 @@ PYBIND11_MODULE(_trainsup, m) {
   m.attr("EXIT_WATCHDOG_UNRESPONSIVE") = kExitWatchdogUnresponsive;
   m.attr("EXIT_BAD_CONFIG") = kExitBadConfig;
   m.attr("EXIT_ABORTED") = kExitAborted;
+  {  // The job coordinator's defaults, one home: trainsup.run and NodeServices read them here.
+    const DetectorOptions d;
+    py::dict defaults;
+    defaults["hang_floor_s"] = d.hang_floor_s;
+    defaults["heartbeat_timeout_s"] = d.heartbeat_timeout_s;
+    defaults["comm_fault_confirm_s"] = d.comm_fault_confirm_s;
+    m.attr("DETECTOR_DEFAULTS") = defaults;
+  }
 
   py::class_<PyCoordinator>(m, "Coordinator")
       .def(py::init<int, const std::string&, const std::string&, int, double, double, double,
-                    const std::vector<std::tuple<int, int, std::string, std::string>>&, const std::string&>(),
+                    const std::vector<std::tuple<int, int, std::string, std::string>>&, const std::string&, double>(),
            py::arg("world"), py::arg("token"), py::arg("bind") = "127.0.0.1", py::arg("port") = 0,
            py::arg("hang_floor_s") = 5.0, py::arg("heartbeat_timeout_s") = 5.0, py::arg("expect_within_s") = 0.0,
            py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{},
-           py::arg("collective_budgets") = "")
+           py::arg("collective_budgets") = "", py::arg("comm_fault_confirm_s") = DetectorOptions{}.comm_fault_confirm_s)
       .def_property_readonly("port", &PyCoordinator::port)
       .def("take_verdicts", &PyCoordinator::takeVerdicts)
       .def("known_ranks", &PyCoordinator::knownRanks)
@@ -499,6 +508,11 @@ PYBIND11_MODULE(_trainsup, m) {
     return PyShard(raw, std::move(*r));
   });
   m.def("checkpoint_dir_name", &checkpointDirName);
+  // Raises InvalidArgumentError naming the bad entry of "allreduce=30,broadcast=120".
+  m.def("check_collective_budgets", [](const std::string& text) {
+    DetectorOptions d;
+    if (Status s = parseOpBudgets(text, d); !s.isOk()) raiseStatus(s);
+  });
   m.def("collective_stats", [] {
     auto st = CollectiveTracker::global().stats();
     py::dict d, count, bytes;

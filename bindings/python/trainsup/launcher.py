@@ -205,6 +205,10 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.services = NodeServices(self.store, f"{self.get_run_id()}.{self.round}", self.node, group_world * nproc,
                                      self.settings["socket_dir"], bind=self.settings["bind"],
                                      advertise=self.settings["advertise"],
+                                     hang_floor_s=self.settings.get("hang_floor_s"),
+                                     heartbeat_timeout_s=self.settings.get("rank_silence_s"),
+                                     collective_budgets=self.settings.get("collective_budgets", ""),
+                                     comm_fault_confirm_s=self.settings.get("comm_fault_confirm_s"),
                                      on_event=lambda name, **f: self.events.write(name, round=self.round, **f),
                                      on_verdict=self._report, vet=self._vet)
         os.environ.update(self.services.rank_env)

@@ -14,6 +14,13 @@ also settable by its environment variable (docs/configuration.md):
   --coordinator-bind ADDR   TRAINSUP_COORDINATOR_BIND (default 127.0.0.1; 0.0.0.0 across hosts)
   --coordinator-advertise H TRAINSUP_COORDINATOR_ADVERTISE (default: the bind address, or the
                             host name when binding 0.0.0.0)
+  --hang-floor-s S          TRAINSUP_HANG_FLOOR_S (default 5): no collective's budget is shorter
+  --collective-budgets LIST TRAINSUP_COLLECTIVE_BUDGETS (default: learned), fixed budgets by op,
+                            e.g. allreduce=30,broadcast=120
+  --comm-fault-confirm-s S  TRAINSUP_COMM_FAULT_CONFIRM_S (default 3): a collective that every rank
+                            entered and none completed gets this long past its budget for the
+                            network to recover before it is called a communication fault
+  --rank-silence-s S        TRAINSUP_RANK_SILENCE_S (default 5): telemetry silence that names a rank
 
 Differences from plain torchrun: the rendezvous backend must be elastic (c10d, the default here
 with --standalone, or etcd-v2); --max-restarts defaults to 100 per agent because the job-wide
@@ -22,12 +29,14 @@ torch 1.13's torchrun crash at start is patched, so `-r 1 -t 1` is not needed.
 """
 import argparse
 import hashlib
+import math
 import os
 import socket
 import sys
 import uuid
 
 from . import _torchrun_compat as compat
+from ._trainsup import DETECTOR_DEFAULTS, check_collective_budgets
 from .ports import free_port
 
 OUR_FLAGS = {
@@ -38,6 +47,10 @@ OUR_FLAGS = {
     "--max-restarts-without-progress": ("TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS", "2"),
     "--coordinator-bind": ("TRAINSUP_COORDINATOR_BIND", "127.0.0.1"),
     "--coordinator-advertise": ("TRAINSUP_COORDINATOR_ADVERTISE", None),
+    "--hang-floor-s": ("TRAINSUP_HANG_FLOOR_S", str(DETECTOR_DEFAULTS["hang_floor_s"])),
+    "--collective-budgets": ("TRAINSUP_COLLECTIVE_BUDGETS", ""),
+    "--comm-fault-confirm-s": ("TRAINSUP_COMM_FAULT_CONFIRM_S", str(DETECTOR_DEFAULTS["comm_fault_confirm_s"])),
+    "--rank-silence-s": ("TRAINSUP_RANK_SILENCE_S", str(DETECTOR_DEFAULTS["heartbeat_timeout_s"])),
 }
 
 
@@ -49,6 +62,21 @@ def _setting(args, flag):
     env, default = OUR_FLAGS[flag]
     value = getattr(args, "trainsup_" + flag[2:].replace("-", "_"))
     return value or os.environ.get(env) or default
+
+
+def _seconds(args, flag, positive=True):
+    """A number of seconds from a flag or its variable; a bad one ends the launcher naming both."""
+    env = OUR_FLAGS[flag][0]
+    text = _setting(args, flag)
+    try:
+        value = float(text)
+        ok = math.isfinite(value) and (value > 0 if positive else value >= 0)
+    except ValueError:
+        ok = False
+    if not ok:
+        sys.exit(f"trainsup.run: {flag} / {env} = {text!r}: must be a {'positive' if positive else 'non-negative'} "
+                 "number of seconds")
+    return value
 
 
 def main(argv=None):
@@ -85,6 +113,11 @@ def main(argv=None):
                  "(or etcd-v2) with --rdzv_endpoint and --rdzv_id, or --standalone on one machine")
     inner_factory = compat.inner_handler_factory(inner_backend)
 
+    budgets = _setting(args, "--collective-budgets")
+    try:
+        check_collective_budgets(budgets)
+    except ValueError as e:
+        sys.exit(f"trainsup.run: --collective-budgets / TRAINSUP_COLLECTIVE_BUDGETS: {e}")
     bind = _setting(args, "--coordinator-bind")
     settings = {
         "run_dir": run_dir,
@@ -104,6 +137,10 @@ def main(argv=None):
         "worker_log_dir": os.path.abspath(args.log_dir) if args.log_dir else None,
         "agent_heartbeat_s": float(os.environ.get("TRAINSUP_AGENT_HEARTBEAT_S", "1")),
         "agent_timeout_s": float(os.environ.get("TRAINSUP_AGENT_TIMEOUT_S", "5")),
+        "hang_floor_s": _seconds(args, "--hang-floor-s"),
+        "collective_budgets": budgets,
+        "comm_fault_confirm_s": _seconds(args, "--comm-fault-confirm-s", positive=False),
+        "rank_silence_s": _seconds(args, "--rank-silence-s"),
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir
 

@@ -82,8 +82,8 @@ def rank_table(store, job_id):
 
 class NodeServices:
     def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
-                 takeover_s=3.0, hang_floor_s=5.0, heartbeat_timeout_s=5.0, collective_budgets="",
-                 on_verdict=None, on_event=None, vet=None):
+                 takeover_s=3.0, hang_floor_s=None, heartbeat_timeout_s=None, collective_budgets="",
+                 comm_fault_confirm_s=None, on_verdict=None, on_event=None, vet=None):
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -91,9 +91,11 @@ class NodeServices:
         self.bind = bind
         self.advertise = advertise or bind
         self.takeover_s = takeover_s
-        self.hang_floor_s = hang_floor_s
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        defaults = _trainsup.DETECTOR_DEFAULTS  # None: the C++ default
+        self.hang_floor_s = defaults["hang_floor_s"] if hang_floor_s is None else hang_floor_s
+        self.heartbeat_timeout_s = defaults["heartbeat_timeout_s"] if heartbeat_timeout_s is None else heartbeat_timeout_s
         self.collective_budgets = collective_budgets
+        self.comm_fault_confirm_s = defaults["comm_fault_confirm_s"] if comm_fault_confirm_s is None else comm_fault_confirm_s
         self.on_verdict = on_verdict
         self.vet = vet or (lambda verdict: True)  # may our coordinator's fatal verdict be published?
         self.on_event = on_event or (lambda name, **fields: None)
@@ -146,7 +148,8 @@ class NodeServices:
         c = _trainsup.Coordinator(self.world_size, self.token, bind=self.bind, port=0,
                                   hang_floor_s=self.hang_floor_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
                                   expect_within_s=self.heartbeat_timeout_s + 1.0 if takeover else 0.0,
-                                  known_ranks=known, collective_budgets=self.collective_budgets)
+                                  known_ranks=known, collective_budgets=self.collective_budgets,
+                                  comm_fault_confirm_s=self.comm_fault_confirm_s)
         epoch = int(time.time() * 1000)
         self._mine = f"{self.advertise}:{c.port}/{epoch}"
         return c

@@ -7,7 +7,11 @@
 //   its budget (a multiple of a high percentile of that op's past durations, with a floor and
 //   a warm-up allowance). Ranks that never entered it are the culprits; if every rank entered
 //   and some completed, the ones that did not are; if every rank entered and none completed,
-//   the fault is in communication: say so, name the participants.
+//   the fault is in communication: say so, name the participants, but only once the collective
+//   has stayed open comm_fault_confirm_s past its budget. A network that drops out for a few
+//   seconds and comes back (a link flap, a switch reconverging) holds every rank's collective
+//   until TCP's next retransmission, which backs off (0.2, 0.6, 1.4, 3.0, 6.2 s after the
+//   loss): a partition that heals within the budget is over by then and names nobody.
 // - silent rank: no telemetry for heartbeat_timeout_s (SIGSTOP, a frozen host), or its
 //   connection closed (SIGKILL, a crash).
 // - stalled rank: the rank's own watchdog reported a section over its budget.
@@ -45,6 +49,7 @@ struct RankInfo {
 struct DetectorOptions {
   double hang_floor_s = 5.0;          // no collective budget is below this
   double hang_multiplier = 10.0;      // budget = multiplier x p99 of the op's recent durations
+  double comm_fault_confirm_s = 3.0;  // a communication fault is called this long after the budget
   int warmup_collectives = 20;        // per op kind, before learned budgets apply
   double warmup_budget_s = 120.0;     // budget during the warm-up
   double heartbeat_timeout_s = 5.0;   // telemetry silence that makes a rank "silent"

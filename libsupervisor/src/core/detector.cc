@@ -321,15 +321,17 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     int64_t budget = budgetNs(p.op, &learned);
     int64_t open_for = now_ns - p.first_enter_ns;
     if (open_for <= budget) continue;
-    p.reported = true;
-    std::string what = std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " (" +
-                       std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) + ", budget " + fmtS(budget) +
-                       (learned ? " (learned)" : " (warm-up)");
     std::vector<int> missing, unfinished;
     for (int r = 0; r < world_; ++r) {
       if (!p.entered[r]) missing.push_back(r);
       else if (p.wait_ns[r] < 0) unfinished.push_back(r);
     }
+    const int64_t confirm_ns = static_cast<int64_t>(options_.comm_fault_confirm_s * 1e9);
+    if (missing.empty() && p.exited_count == 0 && open_for <= budget + confirm_ns) break;  // the network may recover
+    p.reported = true;
+    std::string what = std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " (" +
+                       std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) + ", budget " + fmtS(budget) +
+                       (learned ? " (learned)" : " (warm-up)");
     if (!missing.empty()) {
       out.push_back(make(VerdictKind::kHungRank, missing,
                          what + ": rank(s) " + listRanks(missing) + " never entered it; " +
@@ -346,7 +348,8 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     } else {
       out.push_back(make(VerdictKind::kCommunicationFault, unfinished,
                          what + ": every rank entered it, rank(s) " + listRanks(unfinished) +
-                             " did not complete: the fault is in communication between them",
+                             " did not complete it within the budget and the " + fmtS(confirm_ns) +
+                             " more given to the network to recover: the fault is in communication between them",
                          seq, collectiveOpName(p.op)));
     }
     break;  // later collectives are stuck behind this one
