@@ -20,6 +20,7 @@ packages=(
   python3 python3-dev python3-venv        # the interpreter the venv is made from
   etcd-server                             # the etcd-v2 rendezvous: a store that outlives any host
   iproute2 iptables                       # network faults between simulated hosts (namespaces, loss)
+  libnetfilter-queue-dev                  # ...and delay without netem (NetfilterQueue builds on it)
 )
 missing=()
 for p in "${packages[@]}"; do
