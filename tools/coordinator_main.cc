@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
   app.add_option("--hosts", hosts_csv, "host of each rank, comma-separated, in rank order");
   app.add_option("--hang-floor-s", d.hang_floor_s, "smallest collective budget");
   app.add_option("--heartbeat-timeout-s", d.heartbeat_timeout_s, "telemetry silence that names a rank");
-  app.add_option("--comm-fault-confirm-s", d.comm_fault_confirm_s,
-                 "how long past its budget a collective every rank entered and none completed waits for the network")
+  app.add_option("--network-grace-s", d.network_grace_s,
+                 "how long past its budget a collective every rank entered waits for the network")
       ->check(CLI::NonNegativeNumber);
   std::string op_budgets;
   app.add_option("--collective-budgets", op_budgets, "fixed budgets by op, e.g. allreduce=30,broadcast=120");

@@ -232,6 +232,10 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30, delay_ms=200, both_ways=
         summary.update(fault_time=fault_wall, victim=victim, fault_s=fault_s if scenario in ("heal", "lossy") else None)
         summary["verdicts"] = [{k: e.get(k) for k in ("kind", "hosts", "ranks")} | {"after_s": round(e["time"] - fault_wall, 2)}
                                for e in verdicts(c)]
+        summary["slow_links"] = [{"host": e["slow_host"], "round_trip_ms": e["round_trip_ms"],
+                                  "after_s": round(e["time"] - fault_wall, 2), "recovered": e["event"] != "slow_link"}
+                                 for h in HOSTS for e in c.agent_events(h)
+                                 if e["event"] in ("slow_link", "slow_link_recovered")]
         commits = {e["step"]: e["wall_s"] for e in c.rank_events("host-a") if e["event"] == "checkpoint_committed"}
         if 100 in commits and 200 in commits:
             summary["steps_per_s_before_fault"] = round(100 / (commits[200] - commits[100]), 2)

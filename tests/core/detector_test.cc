@@ -78,7 +78,7 @@ TEST(DetectorTest, AllEnteredNoneCompletedIsACommunicationFault) {
   for (int i = 0; i < 30; ++i) job.step(even(50 * kMs));
   for (int r = 0; r < 4; ++r) job.det.onEnter(r, 31, CollectiveOp::kAllreduce, 4096, job.now);
   for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 5 * kS);
-  // Over the 5 s budget, but the network gets comm_fault_confirm_s (3 s) to come back.
+  // Over the 5 s budget, but the network gets network_grace_s (3 s) to come back.
   EXPECT_TRUE(job.det.evaluate(job.now + 5100 * kMs).empty());
   for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 8 * kS);
   EXPECT_TRUE(job.det.evaluate(job.now + 7900 * kMs).empty());
@@ -121,8 +121,10 @@ TEST(DetectorTest, AllEnteredSomeCompletedNamesTheRanksStuckInside) {
   for (int i = 0; i < 30; ++i) job.step(even(50 * kMs));
   for (int r = 0; r < 4; ++r) job.det.onEnter(r, 31, CollectiveOp::kAllreduce, 4096, job.now);
   for (int r : {0, 1, 3}) job.det.onExit(r, 31, 1 * kMs, job.now + 1 * kMs);  // rank 2 stopped inside
-  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 5 * kS);
-  auto v = job.det.evaluate(job.now + 5100 * kMs);
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, job.now + 8 * kS);
+  // Every rank entered: the last packets to rank 2 may still come (network_grace_s, 3 s).
+  EXPECT_TRUE(job.det.evaluate(job.now + 7900 * kMs).empty());
+  auto v = job.det.evaluate(job.now + 8100 * kMs);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, VerdictKind::kHungRank) << v[0].evidence;
   EXPECT_EQ(v[0].ranks, std::vector<int>{2});
@@ -268,6 +270,64 @@ TEST(DetectorTest, NoVerdictWhenAllSlowDownTogetherOrUnderThirtyPercentJitter) {
     auto v = job.step(c);
     ASSERT_TRUE(v.empty()) << "step " << i << ": " << verdictKindName(v[0].kind) << " " << v[0].evidence;
   }
+}
+
+// host-b's link is slow (its agent says so). Rank 0 on host-a is left waiting inside an
+// all-reduce that rank 1 finished: without the slow link that names host-a hung. With it, the
+// job hears once that the collective is held by host-b's link (a straggler verdict naming
+// host-b), a late completion names nobody, and a collective that never completes is still
+// named hung after 6 x its budget (and the network grace). host-b's ranks get 6 x the silence
+// timeout.
+TEST(DetectorTest, ASlowLinkMakesAStragglerOfItsHostAndDelaysHangVerdicts) {
+  Job job;
+  for (int i = 0; i < 200; ++i) job.step(even(50 * kMs));
+  job.det.setSlowHosts({"host-b"});
+  int64_t t0 = job.now;
+  uint64_t seq = 201;
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, seq, CollectiveOp::kAllreduce, 4096, t0);
+  for (int r : {1, 2, 3}) job.det.onExit(r, seq, 1 * kMs, t0 + 1 * kMs);  // rank 0 still inside
+  std::vector<Verdict> seen;
+  for (int64_t t = 500 * kMs; t <= 12 * kS; t += 500 * kMs) {
+    for (int r : {0, 2, 3}) job.det.onHeartbeat(r, t0 + t);  // host-b's telemetry is late
+    for (auto& v : job.det.evaluate(t0 + t)) seen.push_back(v);
+  }
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].kind, VerdictKind::kStraggler);
+  EXPECT_EQ(seen[0].hosts, std::vector<std::string>{"host-b"});
+  EXPECT_NE(seen[0].evidence.find("slow link"), std::string::npos) << seen[0].evidence;
+  job.det.onExit(0, seq, 12 * kS, t0 + 12 * kS);  // it completes after all
+  job.det.onHeartbeat(1, t0 + 12 * kS);
+  EXPECT_TRUE(job.det.evaluate(t0 + 12 * kS).empty());
+
+  // The next one never completes: named hung at 6 x 5 s, plus the 3 s network grace.
+  t0 += 12 * kS;
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, seq + 1, CollectiveOp::kAllreduce, 4096, t0);
+  for (int r : {1, 2, 3}) job.det.onExit(r, seq + 1, 1 * kMs, t0 + 1 * kMs);
+  seen.clear();
+  for (int64_t t = 1 * kS; t <= 34 * kS; t += 1 * kS) {
+    for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t0 + t);
+    for (auto& v : job.det.evaluate(t0 + t)) seen.push_back(v);
+    if (t == 32 * kS) {
+      ASSERT_EQ(seen.size(), 1u);
+      EXPECT_EQ(seen[0].kind, VerdictKind::kStraggler);
+    }
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[1].kind, VerdictKind::kHungRank);
+  EXPECT_EQ(seen[1].ranks, std::vector<int>{0});
+
+  // Once the link is fine again, the normal budget and silence apply.
+  job.det.setSlowHosts({});
+  Job fresh;
+  for (int i = 0; i < 200; ++i) fresh.step(even(50 * kMs));
+  fresh.det.setSlowHosts({"host-b"});
+  for (int r : {0, 2, 3}) fresh.det.onHeartbeat(r, fresh.now + 20 * kS);
+  EXPECT_TRUE(fresh.det.evaluate(fresh.now + 20 * kS).empty()) << "host-b's ranks: 6 x 5 s of silence allowed";
+  fresh.det.setSlowHosts({});
+  auto v = fresh.det.evaluate(fresh.now + 20 * kS);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-b"});
 }
 
 }  // namespace

@@ -287,7 +287,7 @@ def test_a_host_failing_its_preflight_quarantines_itself_and_never_joins(tmp_pat
 
 @pytest.mark.parametrize("flag, env, value, says", [
     ("--hang-floor-s", "TRAINSUP_HANG_FLOOR_S", "-1", "positive number of seconds"),
-    ("--comm-fault-confirm-s", "TRAINSUP_COMM_FAULT_CONFIRM_S", "soon", "non-negative number of seconds"),
+    ("--network-grace-s", "TRAINSUP_NETWORK_GRACE_S", "soon", "non-negative number of seconds"),
     ("--collective-budgets", "TRAINSUP_COLLECTIVE_BUDGETS", "allreduc=30", "unknown op 'allreduc'"),
     ("--rank-silence-s", "TRAINSUP_RANK_SILENCE_S", "nan", "positive number of seconds"),
 ])

@@ -141,3 +141,61 @@ def test_a_host_reported_lost_earlier_is_no_witness():
     assert [x[0] for x in lost] == ["host-c"]
     _tick(clock, a, b, 7, b_beats=False)
     assert [x[0] for x in lost] == ["host-c", "host-b"]
+
+
+class SlowStore(dist.HashStore):
+    """An in-process store where host-a's keep-alive takes `delay` seconds of the test's clock
+    (host-a's link is slow; host-b's is not)."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.clock, self.delay = clock, 0.0
+
+    def add(self, key, value):
+        if "/host-a/" in key:
+            self.clock.t += self.delay
+        return super().add(key, value)
+
+
+def test_a_slow_link_to_the_store_is_reported_once_and_its_recovery_too_and_nobody_is_lost():
+    clock, lost, slow = Clock(), [], []
+    store = SlowStore(clock)
+    a, b = _pair(store, clock, lost, timeout_s=5.0, on_slow=lambda *args: slow.append(args))
+    _tick(clock, a, b, 10)
+    assert slow == []
+    store.delay = 0.02  # 20 ms: a busy store, not a slow link
+    _tick(clock, a, b, 10)
+    assert slow == []
+    store.delay = 0.4   # every round trip 400 ms: lost or delayed packets
+    _tick(clock, a, b, 1)
+    assert slow == []   # one slow round trip is not a slow link (median of 3)
+    _tick(clock, a, b, 10)
+    assert len(slow) == 1
+    host, median_s, baseline_s, is_slow = slow[0]
+    assert host == "host-a" and is_slow and abs(median_s - 0.4) < 1e-9 and baseline_s == 0.0
+    # Every agent (the coordinator's, say host-b's) learns it from the store.
+    assert b.slow_hosts(["host-a", "host-b"]) == ["host-a"]
+    # Its keep-alives are late: a silence of host-a counts as lost only after 6 x the timeout.
+    watcher = []
+    c = HostLiveness(store, "run", "host-c", ["c", 3, 0], lambda *args: watcher.append(args), clock=clock,
+                     start=False, timeout_s=5.0)
+    c.joined_round(1, 0, 2)
+    a.joined_round(1, 1, 2)
+    for _ in range(30):  # host-a's keep-alives stop; host-b (a witness) and host-c go on
+        clock.t += 1.0
+        b.beat()
+        c.beat()
+        c.check()
+    assert watcher == []  # silent 29 s: under 6 x 5 s
+    clock.t += 1.0
+    b.beat()
+    c.beat()
+    c.check()
+    assert [w[0] for w in watcher] == ["host-a"]
+    store.delay = 0.0
+    a.joined_round(2, 0, 2)  # back with host-b (host-c reported it lost above)
+    b.joined_round(2, 1, 2)
+    _tick(clock, a, b, 10)
+    assert len(slow) == 2 and slow[1][0] == "host-a" and slow[1][3] is False
+    assert b.slow_hosts(["host-a", "host-b"]) == []
+    assert lost == []

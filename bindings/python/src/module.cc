@@ -319,7 +319,7 @@ class PyCoordinator {
   PyCoordinator(int world, const std::string& token_hex, const std::string& bind, int port, double hang_floor_s,
                 double heartbeat_timeout_s, double expect_within_s,
                 const std::vector<std::tuple<int, int, std::string, std::string>>& known,
-                const std::string& collective_budgets, double comm_fault_confirm_s) {
+                const std::string& collective_budgets, double network_grace_s) {
     auto token = parseJobToken(token_hex);
     if (!token) raiseStatus(token.status());
     std::vector<RankInfo> ranks;
@@ -334,7 +334,7 @@ class PyCoordinator {
     DetectorOptions d;
     d.hang_floor_s = hang_floor_s;
     d.heartbeat_timeout_s = heartbeat_timeout_s;
-    d.comm_fault_confirm_s = comm_fault_confirm_s;
+    d.network_grace_s = network_grace_s;
     if (Status s = parseOpBudgets(collective_budgets, d); !s.isOk()) raiseStatus(s);
     auto c = Coordinator::start(ranks, *token, o, d, [this](const Verdict& v) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -344,6 +344,7 @@ class PyCoordinator {
     coordinator_ = std::move(*c);
   }
   int port() const { return coordinator_->port(); }
+  void setSlowHosts(std::vector<std::string> hosts) { coordinator_->setSlowHosts(std::move(hosts)); }
   py::list takeVerdicts() {
     std::vector<Verdict> got;
     {
@@ -461,7 +462,8 @@ PYBIND11_MODULE(_trainsup, m) {
     py::dict defaults;
     defaults["hang_floor_s"] = d.hang_floor_s;
     defaults["heartbeat_timeout_s"] = d.heartbeat_timeout_s;
-    defaults["comm_fault_confirm_s"] = d.comm_fault_confirm_s;
+    defaults["network_grace_s"] = d.network_grace_s;
+    defaults["slow_link_multiplier"] = d.slow_link_multiplier;
     m.attr("DETECTOR_DEFAULTS") = defaults;
   }
 
@@ -471,9 +473,10 @@ PYBIND11_MODULE(_trainsup, m) {
            py::arg("world"), py::arg("token"), py::arg("bind") = "127.0.0.1", py::arg("port") = 0,
            py::arg("hang_floor_s") = 5.0, py::arg("heartbeat_timeout_s") = 5.0, py::arg("expect_within_s") = 0.0,
            py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{},
-           py::arg("collective_budgets") = "", py::arg("comm_fault_confirm_s") = DetectorOptions{}.comm_fault_confirm_s)
+           py::arg("collective_budgets") = "", py::arg("network_grace_s") = DetectorOptions{}.network_grace_s)
       .def_property_readonly("port", &PyCoordinator::port)
       .def("take_verdicts", &PyCoordinator::takeVerdicts)
+      .def("set_slow_hosts", &PyCoordinator::setSlowHosts, py::arg("hosts"))
       .def("known_ranks", &PyCoordinator::knownRanks)
       .def("counters", &PyCoordinator::counters)
       .def("stop", &PyCoordinator::stop, py::call_guard<py::gil_scoped_release>());

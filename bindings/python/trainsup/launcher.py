@@ -28,7 +28,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from . import _torchrun_compat as compat
 from .classify import classify, tail
-from . import preflight
+from . import _trainsup, preflight
 from .checkpoint import load_checkpoint
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .liveness import HostLiveness
@@ -117,7 +117,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                                                                 lost_host=host, error=str(e)),
                                      on_unconfirmed=lambda host, silent_s, own, reason="stale": self.events.write(
                                          "agent_silence_unconfirmed", silent_host=host, silent_s=round(silent_s, 3),
-                                         own_beats=own, reason=reason))
+                                         own_beats=own, reason=reason),
+                                     on_slow=self._slow_link,
+                                     slow_link_multiplier=_trainsup.DETECTOR_DEFAULTS["slow_link_multiplier"])
         self._preflight()
 
     def _preflight(self):
@@ -208,9 +210,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                      hang_floor_s=self.settings.get("hang_floor_s"),
                                      heartbeat_timeout_s=self.settings.get("rank_silence_s"),
                                      collective_budgets=self.settings.get("collective_budgets", ""),
-                                     comm_fault_confirm_s=self.settings.get("comm_fault_confirm_s"),
+                                     network_grace_s=self.settings.get("network_grace_s"),
                                      on_event=lambda name, **f: self.events.write(name, round=self.round, **f),
-                                     on_verdict=self._report, vet=self._vet)
+                                     on_verdict=self._report, vet=self._vet, slow_hosts=self._slow_hosts)
         os.environ.update(self.services.rank_env)
         os.environ["TRAINSUP_NODE_NAME"] = self.node
         os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
@@ -328,6 +330,23 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 if empty_since is not None and time.monotonic() - empty_since > 60:
                     break
         os._exit(code)
+
+    def _slow_hosts(self):
+        """The hosts of our round whose agents report a slow link (for our coordinator)."""
+        rnd, world = self.round, self._world
+        if rnd is None:
+            return []
+        return self.liveness.slow_hosts(self.liveness.hosts_of_round(rnd, world))
+
+    def _slow_link(self, host, median_s, baseline_s, slow):
+        """This host's round trips to the store crossed the slow-link threshold (or came back):
+        recorded and said, never quarantined (a slow host is a straggler, not a dead one)."""
+        self.events.write("slow_link" if slow else "slow_link_recovered", slow_host=host,
+                          round_trip_ms=round(median_s * 1000, 1), baseline_ms=round(baseline_s * 1000, 2))
+        if slow:
+            print(f"trainsup: {host}: round trips to the rendezvous store take {median_s * 1000:.0f} ms "
+                  f"(median of the last {self.liveness._round_trips.maxlen}; {baseline_s * 1000:.1f} ms at best): "
+                  "this host's network is slow; the job runs at its pace", file=sys.stderr, flush=True)
 
     def _host_lost(self, host, silent_s, desc, rnd):
         """HostLiveness found `host`'s agent silent: the host died outright. Names it (unless a

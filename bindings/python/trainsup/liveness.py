@@ -28,6 +28,16 @@ if every other agent went silent too, this agent is more likely the one cut off 
 when it serves it), and reports nobody (on_unconfirmed, reason "isolated"). A job of two hosts
 has no witness: there a silence is reported as before, because nothing can tell the two apart.
 
+A slow link is reported, not punished: each keep-alive is a round trip to the store, so the
+keep-alive thread also times them. When the median of the last `slow_window` (3) round trips reaches
+`slow_link_s` (100 ms: a store answers in well under a millisecond on a healthy network, a
+loaded one in a few), on_slow(host, median_s, baseline_s, True) tells the launcher that this
+host's way to the store is slow (a lossy or congested link, a failing NIC or cable); once the
+median is back under half that, on_slow(..., False). Nothing is quarantined for it: a host that
+is slow but alive is a straggler, and the job goes on (at the pace of its slowest link). Its
+keep-alives are late too (a lost packet can hold one round trip for seconds), so the watchers
+give a host that says its link is slow `slow_link_multiplier` x the timeout before reporting it.
+
 The store must be a client of this agent's own: a TCPStore client serialises its operations, and
 torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
 would stop the keep-alive and get this host taken for dead.
@@ -39,9 +49,13 @@ Keys, under the launcher's "trainsup/" prefix:
                                  by an earlier agent of the host, e.g. before a requeue, does
                                  not match the current node and counts for nothing)
   agents/<run>/round-<r>/<g>     the host of group rank g in round r
+  agents/<run>/<host>/slow       JSON {"round_trip_ms", "baseline_ms"} while the host's link is
+                                 slow, "" after (slow_hosts() reads it for the coordinator)
+  agents/<run>/slow_changes      a counter every change of a "slow" key moves
   agents/<run>/count, agents/<run>/agent-<i>
                                  the list of agents that ever joined (witnesses are read from it)
 """
+import collections
 import json
 import threading
 import time
@@ -51,7 +65,8 @@ from .telemetry import peek
 
 class HostLiveness:
     def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0, on_error=None,
-                 on_unconfirmed=None, clock=time.monotonic, start=True, witnesses=8):
+                 on_unconfirmed=None, clock=time.monotonic, start=True, witnesses=8, on_slow=None,
+                 slow_link_s=0.1, slow_window=3, slow_link_multiplier=6.0):
         # on_unconfirmed(host, silent_s, own_beats, reason) is told once per silence and reason:
         # "stale" (our own keep-alives did not go through) or "isolated" (no other agent heard).
         self.store = store
@@ -80,6 +95,13 @@ class HostLiveness:
         self._lost = set()            # (host, node) reported lost
         self._told = set()            # (host, node, counter, reason) already given to on_unconfirmed
         self._stop = threading.Event()
+        self.on_slow = on_slow or (lambda host, median_s, baseline_s, slow: None)
+        self.slow_link_s = float(slow_link_s)
+        self.slow_link_multiplier = float(slow_link_multiplier)
+        self._round_trips = collections.deque(maxlen=max(1, int(slow_window)))
+        self.baseline_s = None        # the fastest keep-alive round trip seen: this link when healthy
+        self.slow = False
+        self._slow_cache = (None, [])  # ((slow_changes, hosts), slow hosts among them)
         self.store.set(self._key(host, "node"), self._node)
         self.store.set(f"agents/{run_id}/agent-{self.store.add(f'agents/{run_id}/count', 1) - 1}", host)
         self.beat()
@@ -95,8 +117,41 @@ class HostLiveness:
         return f"agents/{self.run_id}/round-{rnd}/{group_rank}"
 
     def beat(self):
-        """Renews this agent's keep-alive (the keep-alive thread calls it every interval_s)."""
+        """Renews this agent's keep-alive (the keep-alive thread calls it every interval_s) and
+        times the round trip to the store."""
+        t0 = self.clock()
         self.store.add(self._key(self.host, "beat"), 1)
+        self._note_round_trip(self.clock() - t0)
+
+    def _note_round_trip(self, seconds):
+        self._round_trips.append(seconds)
+        self.baseline_s = seconds if self.baseline_s is None else min(self.baseline_s, seconds)
+        if len(self._round_trips) < self._round_trips.maxlen:
+            return
+        median = sorted(self._round_trips)[len(self._round_trips) // 2]
+        if not self.slow and median >= self.slow_link_s:
+            self.slow = True
+        elif self.slow and median < self.slow_link_s / 2:
+            self.slow = False
+        else:
+            return
+        # Published first, so that the job's coordinator treats this host as slow, not hung.
+        self.store.set(self._key(self.host, "slow"), json.dumps(
+            {"round_trip_ms": round(median * 1000, 1), "baseline_ms": round(self.baseline_s * 1000, 2)})
+            if self.slow else "")
+        self.store.add(f"agents/{self.run_id}/slow_changes", 1)
+        self.on_slow(self.host, median, self.baseline_s, self.slow)
+
+    def slow_hosts(self, hosts):
+        """Those of `hosts` whose agents say their links are slow now. One store read while
+        nothing changed (the coordinator's agent asks every second, whatever the job's size)."""
+        changes = peek(self.store, f"agents/{self.run_id}/slow_changes")
+        if changes is None:
+            return []
+        key = (changes, tuple(hosts))
+        if self._slow_cache[0] != key:
+            self._slow_cache = (key, [h for h in hosts if peek(self.store, self._key(h, "slow"))])
+        return list(self._slow_cache[1])
 
     def joined_round(self, rnd, group_rank, group_world):
         """After a rendezvous: registers our place and watches the next agents of this round."""
@@ -199,6 +254,8 @@ class HostLiveness:
             silent = now - last[2]
             if silent < self.timeout_s or peek(self.store, self._key(host, "left")) == node:
                 continue
+            if silent < self.timeout_s * self.slow_link_multiplier and peek(self.store, self._key(host, "slow")):
+                continue  # its link is slow: its keep-alives are late, not gone
             if own - last[3] < self.own_beats_needed:
                 self.unconfirmed += 1  # our own keep-alives stalled too: the store or we were stuck
                 self._tell(host, last, silent, own - last[3], "stale")

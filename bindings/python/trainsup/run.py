@@ -17,9 +17,9 @@ also settable by its environment variable (docs/configuration.md):
   --hang-floor-s S          TRAINSUP_HANG_FLOOR_S (default 5): no collective's budget is shorter
   --collective-budgets LIST TRAINSUP_COLLECTIVE_BUDGETS (default: learned), fixed budgets by op,
                             e.g. allreduce=30,broadcast=120
-  --comm-fault-confirm-s S  TRAINSUP_COMM_FAULT_CONFIRM_S (default 3): a collective that every rank
-                            entered and none completed gets this long past its budget for the
-                            network to recover before it is called a communication fault
+  --network-grace-s S       TRAINSUP_NETWORK_GRACE_S (default 3): a collective that every rank
+                            entered gets this long past its budget for the network to recover
+                            before anyone is named
   --rank-silence-s S        TRAINSUP_RANK_SILENCE_S (default 5): telemetry silence that names a rank
 
 Differences from plain torchrun: the rendezvous backend must be elastic (c10d, the default here
@@ -49,7 +49,7 @@ OUR_FLAGS = {
     "--coordinator-advertise": ("TRAINSUP_COORDINATOR_ADVERTISE", None),
     "--hang-floor-s": ("TRAINSUP_HANG_FLOOR_S", str(DETECTOR_DEFAULTS["hang_floor_s"])),
     "--collective-budgets": ("TRAINSUP_COLLECTIVE_BUDGETS", ""),
-    "--comm-fault-confirm-s": ("TRAINSUP_COMM_FAULT_CONFIRM_S", str(DETECTOR_DEFAULTS["comm_fault_confirm_s"])),
+    "--network-grace-s": ("TRAINSUP_NETWORK_GRACE_S", str(DETECTOR_DEFAULTS["network_grace_s"])),
     "--rank-silence-s": ("TRAINSUP_RANK_SILENCE_S", str(DETECTOR_DEFAULTS["heartbeat_timeout_s"])),
 }
 
@@ -139,7 +139,7 @@ def main(argv=None):
         "agent_timeout_s": float(os.environ.get("TRAINSUP_AGENT_TIMEOUT_S", "5")),
         "hang_floor_s": _seconds(args, "--hang-floor-s"),
         "collective_budgets": budgets,
-        "comm_fault_confirm_s": _seconds(args, "--comm-fault-confirm-s", positive=False),
+        "network_grace_s": _seconds(args, "--network-grace-s", positive=False),
         "rank_silence_s": _seconds(args, "--rank-silence-s"),
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir

@@ -83,7 +83,7 @@ def rank_table(store, job_id):
 class NodeServices:
     def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
                  takeover_s=3.0, hang_floor_s=None, heartbeat_timeout_s=None, collective_budgets="",
-                 comm_fault_confirm_s=None, on_verdict=None, on_event=None, vet=None):
+                 network_grace_s=None, on_verdict=None, on_event=None, vet=None, slow_hosts=None):
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -95,9 +95,14 @@ class NodeServices:
         self.hang_floor_s = defaults["hang_floor_s"] if hang_floor_s is None else hang_floor_s
         self.heartbeat_timeout_s = defaults["heartbeat_timeout_s"] if heartbeat_timeout_s is None else heartbeat_timeout_s
         self.collective_budgets = collective_budgets
-        self.comm_fault_confirm_s = defaults["comm_fault_confirm_s"] if comm_fault_confirm_s is None else comm_fault_confirm_s
+        self.network_grace_s = defaults["network_grace_s"] if network_grace_s is None else network_grace_s
         self.on_verdict = on_verdict
         self.vet = vet or (lambda verdict: True)  # may our coordinator's fatal verdict be published?
+        # slow_hosts() -> the job's hosts whose links are slow now; our coordinator is told (read
+        # at most once a second, and again whenever a new coordinator of ours starts).
+        self.slow_hosts = slow_hosts
+        self._slow_told = (None, None)  # (coordinator, hosts) last told
+        self._slow_read_at = 0.0
         self.on_event = on_event or (lambda name, **fields: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         tag = hashlib.sha1(job_id.encode()).hexdigest()[:8]
@@ -149,7 +154,7 @@ class NodeServices:
                                   hang_floor_s=self.hang_floor_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
                                   expect_within_s=self.heartbeat_timeout_s + 1.0 if takeover else 0.0,
                                   known_ranks=known, collective_budgets=self.collective_budgets,
-                                  comm_fault_confirm_s=self.comm_fault_confirm_s)
+                                  network_grace_s=self.network_grace_s)
         epoch = int(time.time() * 1000)
         self._mine = f"{self.advertise}:{c.port}/{epoch}"
         return c
@@ -215,6 +220,7 @@ class NodeServices:
                 self.coordinator = None
             self._follow(published)
         self._publish()
+        self._tell_slow_hosts()
         connected = self.monitor.counters()["coordinator_connected"]
         now = time.monotonic()
         if connected or self.in_office:
@@ -225,6 +231,21 @@ class NodeServices:
         elif now - self._disconnected_since >= self.takeover_s:
             self._disconnected_since = None
             self._follow_or_elect(expected=self.following or "")
+
+    def _tell_slow_hosts(self):
+        c = self.coordinator
+        now = time.monotonic()
+        if self.slow_hosts is None or c is None or not self.in_office:
+            return
+        if self._slow_told[0] is c and now - self._slow_read_at < 1.0:
+            return
+        self._slow_read_at = now
+        hosts = sorted(self.slow_hosts())
+        if self._slow_told != (c, hosts):
+            c.set_slow_hosts(hosts)
+            if self._slow_told[1] != hosts:
+                self.on_event("slow_hosts", hosts=hosts)
+            self._slow_told = (c, hosts)
 
     def first_verdict(self):
         """The job's first fatal verdict as published in the store (any agent), or None."""

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "trainsup/detector.h"
 #include "trainsup/export.h"
@@ -54,6 +55,9 @@ class TRAINSUP_EXPORT Coordinator {
 
   uint16_t port() const;
   void stop();
+  // The hosts whose links are slow now (Detector::setSlowHosts), from any thread; applied on
+  // the coordinator's I/O thread before its next evaluation.
+  void setSlowHosts(std::vector<std::string> hosts);
 
   struct Counters {
     uint64_t connections = 0, frames = 0, records = 0, dropped_frames = 0, verdicts = 0;

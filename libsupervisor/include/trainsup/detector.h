@@ -7,11 +7,19 @@
 //   its budget (a multiple of a high percentile of that op's past durations, with a floor and
 //   a warm-up allowance). Ranks that never entered it are the culprits; if every rank entered
 //   and some completed, the ones that did not are; if every rank entered and none completed,
-//   the fault is in communication: say so, name the participants, but only once the collective
-//   has stayed open comm_fault_confirm_s past its budget. A network that drops out for a few
-//   seconds and comes back (a link flap, a switch reconverging) holds every rank's collective
-//   until TCP's next retransmission, which backs off (0.2, 0.6, 1.4, 3.0, 6.2 s after the
-//   loss): a partition that heals within the budget is over by then and names nobody.
+//   the fault is in communication: say so, name the participants. When every rank entered,
+//   the verdict waits network_grace_s more: a network that drops out for a few seconds and
+//   comes back (a link flap, a switch reconverging) holds the collective on every rank, or on
+//   the rank still waiting for the last packets, until TCP's next retransmission, which backs
+//   off (0.2, 0.6, 1.4, 3.0, 6.2 s after the loss): a partition that heals within the budget
+//   is over by then and names nobody.
+// - slow link: the launcher tells the detector which hosts report a slow network (their agents'
+//   round trips to the rendezvous store, trainsup/liveness.py). Packets lost or delayed there
+//   hold collectives on healthy hosts too, and the rank left waiting is usually not the one on
+//   the slow host. While any host is slow, a collective over its budget is first reported as a
+//   straggler naming the slow host(s), and named hung only once open slow_link_multiplier x its
+//   budget; a rank on a slow host gets the same multiple of the silence timeout. A slow host is
+//   a straggler, not a dead one; a real hang is still named, later.
 // - silent rank: no telemetry for heartbeat_timeout_s (SIGSTOP, a frozen host), or its
 //   connection closed (SIGKILL, a crash).
 // - stalled rank: the rank's own watchdog reported a section over its budget.
@@ -49,7 +57,8 @@ struct RankInfo {
 struct DetectorOptions {
   double hang_floor_s = 5.0;          // no collective budget is below this
   double hang_multiplier = 10.0;      // budget = multiplier x p99 of the op's recent durations
-  double comm_fault_confirm_s = 3.0;  // a communication fault is called this long after the budget
+  double network_grace_s = 3.0;       // a collective every rank entered is named this long after its budget
+  double slow_link_multiplier = 6.0;  // budgets and silence timeout x this while a host's link is slow
   int warmup_collectives = 20;        // per op kind, before learned budgets apply
   double warmup_budget_s = 120.0;     // budget during the warm-up
   double heartbeat_timeout_s = 5.0;   // telemetry silence that makes a rank "silent"
@@ -114,6 +123,8 @@ class TRAINSUP_EXPORT Detector {
   // A rank's hello: its host, local rank and GPU, for the verdicts (out-of-range ranks ignored;
   // an empty host or GPU keeps what was known).
   void setRankInfo(const RankInfo& info);
+  // The hosts whose links are slow now (replaces the previous list; empty: none).
+  void setSlowHosts(std::vector<std::string> hosts);
 
   std::vector<Verdict> evaluate(int64_t now_ns);
 
@@ -129,7 +140,9 @@ class TRAINSUP_EXPORT Detector {
     std::vector<bool> entered;
     int entered_count = 0, exited_count = 0;
     bool reported = false;
+    bool slow_reported = false;  // reported as held by a slow link (a straggler verdict)
   };
+  bool onSlowHost(int rank) const;
   void complete(uint64_t seq, Pending& p);
   Verdict make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq = 0,
                const std::string& op = "") const;
@@ -148,6 +161,7 @@ class TRAINSUP_EXPORT Detector {
   std::vector<Progress> progress_;
   std::string whereIs(int rank) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
+  std::vector<std::string> slow_hosts_;
   std::vector<bool> expected_only_;  // last_seen_ns_ is an expectation, not a sighting
   std::vector<int64_t> stopping_since_ns_;  // -1: not asked to stop
   bool any_dead_reported_ = false;

@@ -284,6 +284,15 @@ Coordinator::~Coordinator() { stop(); }
 
 uint16_t Coordinator::port() const { return impl_->port; }
 
+void Coordinator::setSlowHosts(std::vector<std::string> hosts) {
+  // The detector belongs to the I/O thread: hand the list over there (the thread ends, and its
+  // pending handlers with it, before Impl does, as for stop()).
+  if (!impl_) return;
+  asio::post(impl_->io, [impl = impl_.get(), hosts = std::move(hosts)]() mutable {
+    impl->detector->setSlowHosts(std::move(hosts));
+  });
+}
+
 void Coordinator::stop() {
   if (!impl_) return;
   std::call_once(impl_->stopped, [this] {

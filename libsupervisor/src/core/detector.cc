@@ -171,6 +171,13 @@ void Detector::setRankInfo(const RankInfo& info) {
   mergeRankInfo(ranks_[info.rank], info);
 }
 
+void Detector::setSlowHosts(std::vector<std::string> hosts) { slow_hosts_ = std::move(hosts); }
+
+bool Detector::onSlowHost(int rank) const {
+  return rank >= 0 && rank < world_ &&
+         std::find(slow_hosts_.begin(), slow_hosts_.end(), ranks_[rank].host) != slow_hosts_.end();
+}
+
 void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
   if (rank < 0 || rank >= world_) return;
   onHeartbeat(rank, now_ns);
@@ -297,9 +304,13 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                            whereIs(r)));
   }
   // Silent ranks.
-  const int64_t silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
+  const int64_t base_silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
   for (int r = 0; r < world_; ++r) {
     if (dead_[r] || finished_[r] || silent_reported_[r] || (last_seen_ns_[r] < 0 && !expected_only_[r])) continue;
+    // Telemetry from a host with a slow link arrives late, not never.
+    const int64_t silence =
+        onSlowHost(r) ? static_cast<int64_t>(static_cast<double>(base_silence) * options_.slow_link_multiplier)
+                      : base_silence;
     if (now_ns - last_seen_ns_[r] > silence) {
       silent_reported_[r] = true;
       out.push_back(make(VerdictKind::kSilentRank, {r},
@@ -321,13 +332,34 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     int64_t budget = budgetNs(p.op, &learned);
     int64_t open_for = now_ns - p.first_enter_ns;
     if (open_for <= budget) continue;
+    if (!slow_hosts_.empty()) {
+      // A slow link holds collectives everywhere: say so once, name a hang only much later.
+      const int64_t extended = static_cast<int64_t>(static_cast<double>(budget) * options_.slow_link_multiplier);
+      if (!p.slow_reported) {
+        p.slow_reported = true;
+        std::vector<int> slow_ranks;
+        for (int r = 0; r < world_; ++r) {
+          if (onSlowHost(r)) slow_ranks.push_back(r);
+        }
+        std::string hosts;
+        for (const auto& h : slow_hosts_) hosts += (hosts.empty() ? "" : ",") + h;
+        out.push_back(make(VerdictKind::kStraggler, slow_ranks,
+                           std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " open for " +
+                               fmtS(open_for) + ", over its budget " + fmtS(budget) + ", while host(s) " + hosts +
+                               " report a slow link: slow, not hung (named hung only if still open after " +
+                               fmtS(extended) + ")",
+                           seq, collectiveOpName(p.op)));
+      }
+      budget = extended;
+      if (open_for <= budget) break;  // later collectives are behind this one
+    }
     std::vector<int> missing, unfinished;
     for (int r = 0; r < world_; ++r) {
       if (!p.entered[r]) missing.push_back(r);
       else if (p.wait_ns[r] < 0) unfinished.push_back(r);
     }
-    const int64_t confirm_ns = static_cast<int64_t>(options_.comm_fault_confirm_s * 1e9);
-    if (missing.empty() && p.exited_count == 0 && open_for <= budget + confirm_ns) break;  // the network may recover
+    const int64_t confirm_ns = static_cast<int64_t>(options_.network_grace_s * 1e9);
+    if (missing.empty() && open_for <= budget + confirm_ns) break;  // every rank entered: the network may recover
     p.reported = true;
     std::string what = std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " (" +
                        std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) + ", budget " + fmtS(budget) +
@@ -342,8 +374,8 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       // The others got through: the collective works, these ranks are stuck inside it.
       out.push_back(make(VerdictKind::kHungRank, unfinished,
                          what + ": every rank entered it and " + std::to_string(p.exited_count) +
-                             " completed it; rank(s) " + listRanks(unfinished) + " did not" +
-                             whereIs(unfinished.front()),
+                             " completed it; rank(s) " + listRanks(unfinished) + " did not, " + fmtS(confirm_ns) +
+                             " past the budget" + whereIs(unfinished.front()),
                          seq, collectiveOpName(p.op)));
     } else {
       out.push_back(make(VerdictKind::kCommunicationFault, unfinished,
