@@ -185,12 +185,12 @@ def verdicts(c):
     return sorted(seen.values(), key=lambda e: e["time"])
 
 
-def run(scenario, workdir, steps, fault_s, loss_pct=30, delay_ms=200, both_ways=False):
+def run(scenario, workdir, steps, fault_s, loss_pct=30, delay_ms=200, both_ways=False, with_spare=False):
     # A fresh directory: events left by an earlier run would be read as this one's.
     shutil.rmtree(workdir, ignore_errors=True)
     pathlib.Path(workdir).mkdir(parents=True)
     net = TestNet(HOSTS + (("svc",) if scenario == "coordinator_cut" else ()))
-    spare = scenario in ("link_cut", "store_cut", "coordinator_cut")
+    spare = with_spare or scenario in ("link_cut", "store_cut", "coordinator_cut")
     c = NetCluster(net, workdir, "2:2", steps, etcd=scenario == "coordinator_cut",
                    extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
     summary = {"scenario": scenario, "addresses": net.addr}
@@ -262,8 +262,9 @@ def main():
     p.add_argument("--loss-pct", type=float, default=30, help="lossy: share of host-b's outgoing packets lost")
     p.add_argument("--delay-ms", type=float, default=200, help="lossy: delay of host-b's outgoing packets")
     p.add_argument("--both-ways", action="store_true", help="lossy: host-b's incoming packets are lost too")
+    p.add_argument("--spare", action="store_true", help="lossy, heal: host-c waits as a spare")
     a = p.parse_args()
-    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s, a.loss_pct, a.delay_ms, a.both_ways)))
+    print(json.dumps(run(a.scenario, a.workdir, a.steps, a.fault_s, a.loss_pct, a.delay_ms, a.both_ways, a.spare)))
 
 
 if __name__ == "__main__":

@@ -29,14 +29,15 @@ when it serves it), and reports nobody (on_unconfirmed, reason "isolated"). A jo
 has no witness: there a silence is reported as before, because nothing can tell the two apart.
 
 A slow link is reported, not punished: each keep-alive is a round trip to the store, so the
-keep-alive thread also times them. When the median of the last `slow_window` (3) round trips reaches
-`slow_link_s` (100 ms: a store answers in well under a millisecond on a healthy network, a
-loaded one in a few), on_slow(host, median_s, baseline_s, True) tells the launcher that this
-host's way to the store is slow (a lossy or congested link, a failing NIC or cable); once the
-median is back under half that, on_slow(..., False). Nothing is quarantined for it: a host that
-is slow but alive is a straggler, and the job goes on (at the pace of its slowest link). Its
-keep-alives are late too (a lost packet can hold one round trip for seconds), so the watchers
-give a host that says its link is slow `slow_link_multiplier` x the timeout before reporting it.
+keep-alive thread times them (and the watch thread adds its first read when that was slow). When
+the median of the last `slow_window` (3) round trips reaches `slow_link_s` (100 ms: a store
+answers in well under a millisecond on a healthy network, a loaded one in a few), on_slow(host,
+median_s, baseline_s, True) tells the launcher that this host's way to the store is slow (a
+lossy or congested link, a failing NIC or cable); once the median is back under half that,
+on_slow(..., False). Nothing is quarantined for it: a host that is slow but alive is a
+straggler, and the job goes on (at the pace of its slowest link). Its keep-alives are late too
+(a lost packet can hold one round trip for seconds), so the watchers give a host that says its
+link is slow `slow_link_multiplier` x the timeout before reporting it.
 
 The store must be a client of this agent's own: a TCPStore client serialises its operations, and
 torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
@@ -102,6 +103,7 @@ class HostLiveness:
         self.baseline_s = None        # the fastest keep-alive round trip seen: this link when healthy
         self.slow = False
         self._slow_cache = (None, [])  # ((slow_changes, hosts), slow hosts among them)
+        self._slow_lock = threading.Lock()
         self.store.set(self._key(host, "node"), self._node)
         self.store.set(f"agents/{run_id}/agent-{self.store.add(f'agents/{run_id}/count', 1) - 1}", host)
         self.beat()
@@ -124,17 +126,19 @@ class HostLiveness:
         self._note_round_trip(self.clock() - t0)
 
     def _note_round_trip(self, seconds):
-        self._round_trips.append(seconds)
-        self.baseline_s = seconds if self.baseline_s is None else min(self.baseline_s, seconds)
-        if len(self._round_trips) < self._round_trips.maxlen:
-            return
-        median = sorted(self._round_trips)[len(self._round_trips) // 2]
-        if not self.slow and median >= self.slow_link_s:
-            self.slow = True
-        elif self.slow and median < self.slow_link_s / 2:
-            self.slow = False
-        else:
-            return
+        """A timed round trip to the store (keep-alive thread and watch thread both time one)."""
+        with self._slow_lock:
+            self._round_trips.append(seconds)
+            self.baseline_s = seconds if self.baseline_s is None else min(self.baseline_s, seconds)
+            if len(self._round_trips) < self._round_trips.maxlen:
+                return
+            median = sorted(self._round_trips)[len(self._round_trips) // 2]
+            if not self.slow and median >= self.slow_link_s:
+                self.slow = True
+            elif self.slow and median < self.slow_link_s / 2:
+                self.slow = False
+            else:
+                return
         # Published first, so that the job's coordinator treats this host as slow, not hung.
         self.store.set(self._key(self.host, "slow"), json.dumps(
             {"round_trip_ms": round(median * 1000, 1), "baseline_ms": round(self.baseline_s * 1000, 2)})
@@ -237,6 +241,11 @@ class HostLiveness:
         rnd, hosts = self._watched()
         now = self.clock()
         own = int(peek(self.store, self._key(self.host, "beat")) or 0)
+        elapsed = self.clock() - now
+        if elapsed >= self.slow_link_s:
+            # A slow read is more evidence (a slow link shows sooner); a fast one is not counted:
+            # the keep-alives alone say when the link is well again (no flapping between the two).
+            self._note_round_trip(elapsed)
         witnesses = self._witness_hosts(hosts)
         silent_hosts = []
         for host in hosts + witnesses:

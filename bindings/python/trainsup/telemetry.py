@@ -101,7 +101,7 @@ class NodeServices:
         # slow_hosts() -> the job's hosts whose links are slow now; our coordinator is told (read
         # at most once a second, and again whenever a new coordinator of ours starts).
         self.slow_hosts = slow_hosts
-        self._slow_told = (None, None)  # (coordinator, hosts) last told
+        self._slow_told = (None, [])  # (coordinator, hosts) last told
         self._slow_read_at = 0.0
         self.on_event = on_event or (lambda name, **fields: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)

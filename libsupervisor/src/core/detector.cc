@@ -10,6 +10,12 @@ namespace {
 
 constexpr size_t kRecentWaits = 200;
 
+std::string fmtMultiplier(double m) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", m);
+  return buf;
+}
+
 std::string fmtS(int64_t ns) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.3f s", static_cast<double>(ns) / 1e9);
@@ -332,20 +338,20 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     int64_t budget = budgetNs(p.op, &learned);
     int64_t open_for = now_ns - p.first_enter_ns;
     if (open_for <= budget) continue;
+    std::vector<int> slow_ranks;
+    std::string slow_list;
     if (!slow_hosts_.empty()) {
+      for (int r = 0; r < world_; ++r) {
+        if (onSlowHost(r)) slow_ranks.push_back(r);
+      }
+      for (const auto& h : slow_hosts_) slow_list += (slow_list.empty() ? "" : ",") + h;
       // A slow link holds collectives everywhere: say so once, name a hang only much later.
       const int64_t extended = static_cast<int64_t>(static_cast<double>(budget) * options_.slow_link_multiplier);
       if (!p.slow_reported) {
         p.slow_reported = true;
-        std::vector<int> slow_ranks;
-        for (int r = 0; r < world_; ++r) {
-          if (onSlowHost(r)) slow_ranks.push_back(r);
-        }
-        std::string hosts;
-        for (const auto& h : slow_hosts_) hosts += (hosts.empty() ? "" : ",") + h;
         out.push_back(make(VerdictKind::kStraggler, slow_ranks,
                            std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " open for " +
-                               fmtS(open_for) + ", over its budget " + fmtS(budget) + ", while host(s) " + hosts +
+                               fmtS(open_for) + ", over its budget " + fmtS(budget) + ", while host(s) " + slow_list +
                                " report a slow link: slow, not hung (named hung only if still open after " +
                                fmtS(extended) + ")",
                            seq, collectiveOpName(p.op)));
@@ -364,6 +370,16 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     std::string what = std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " (" +
                        std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) + ", budget " + fmtS(budget) +
                        (learned ? " (learned)" : " (warm-up)");
+    if (!slow_ranks.empty()) {
+      // Held this long by a link its own host calls slow: that host is the fault, whichever
+      // rank was left waiting (usually one on a healthy host, for the packets it lost).
+      out.push_back(make(VerdictKind::kHungRank, slow_ranks,
+                         what + " x" + fmtMultiplier(options_.slow_link_multiplier) + " for the slow link of host(s) " +
+                             slow_list + ": too slow for the job to go on (waiting: rank(s) " +
+                             listRanks(missing.empty() ? unfinished : missing) + ")",
+                         seq, collectiveOpName(p.op)));
+      break;
+    }
     if (!missing.empty()) {
       out.push_back(make(VerdictKind::kHungRank, missing,
                          what + ": rank(s) " + listRanks(missing) + " never entered it; " +
