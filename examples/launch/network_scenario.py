@@ -164,14 +164,15 @@ class NetCluster(Cluster):
                *([f"--rdzv_conf=is_host={'true' if host == 'host-a' else 'false'}"] if self.backend == "c10d" else []),
                f"--local_addr={addr}", "--coordinator-bind", addr,
                "--run-dir", str(self.dir / "run"), str(TRAIN), "--steps", str(self.steps),
-               "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
+               "--checkpoint-every", "50", "--step-sleep-ms", "20", "--progress-every", "5", *self.extra_train]
         env = dict(self.env, TRAINSUP_NODE_NAME=host, GLOO_SOCKET_IFNAME="eth0", MASTER_ADDR=addr)
         self.agents[host] = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 def steps_done(c, host):
-    """The newest step host's rank reported (from its heartbeats' progress in the event log)."""
-    steps = [e.get("step", -1) for e in c.rank_events(host) if e["event"] in ("checkpoint_committed", "first_step")]
+    """The newest step host's rank reported (its progress events, every 5 steps)."""
+    steps = [e.get("step", -1) for e in c.rank_events(host)
+             if e["event"] in ("progress", "checkpoint_committed", "first_step")]
     return max(steps, default=0)
 
 
@@ -232,6 +233,8 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30, delay_ms=200, both_ways=
         summary.update(fault_time=fault_wall, victim=victim, fault_s=fault_s if scenario in ("heal", "lossy") else None)
         summary["verdicts"] = [{k: e.get(k) for k in ("kind", "hosts", "ranks")} | {"after_s": round(e["time"] - fault_wall, 2)}
                                for e in verdicts(c)]
+        summary["stragglers"] = [{"hosts": e.get("hosts"), "after_s": round(e["time"] - fault_wall, 2)}
+                                 for h in HOSTS for e in c.agent_events(h) if e["event"] == "straggler"]
         summary["slow_links"] = [{"host": e["slow_host"], "round_trip_ms": e["round_trip_ms"],
                                   "after_s": round(e["time"] - fault_wall, 2), "recovered": e["event"] != "slow_link"}
                                  for h in HOSTS for e in c.agent_events(h)

@@ -63,6 +63,8 @@ def main():
     # of --step-sleep-ms per step, slowed by --slow-factor on --slow-ranks ("all" or a list)
     # from --slow-from-step, with independent +-jitter on each rank.
     p.add_argument("--step-sleep-ms", type=float, default=0.0)
+    p.add_argument("--progress-every", type=int, default=0,
+                   help="write a progress event (step, wall time) to the rank's event log every N steps")
     p.add_argument("--slow-ranks", default="", help='"all" or comma-separated ranks')
     p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--slow-from-step", type=int, default=0)
@@ -145,6 +147,8 @@ def main():
             if step == args.crash_at_step:
                 sup.event("fault_injected", kind="crash", step=step)
                 os.kill(os.getpid(), signal.SIGKILL)
+            if args.progress_every > 0 and step % args.progress_every == 0:
+                sup.event("progress", step=step)
             if step % 50 == 0:
                 sup.log(f"step {step} loss {loss.item():.5f}")
         if rank == 0:

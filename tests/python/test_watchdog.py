@@ -106,3 +106,18 @@ def test_healthy_loop_and_sections(tmp_path):
     assert events[0]["event"] == "supervisor_start"
     assert events[-1]["event"] == "supervisor_stop" and events[-1]["last_step"] == 49
     assert not [e for e in events if e["event"] == "stall"]
+
+
+def test_event_fields_keep_their_json_types(tmp_path):
+    sup = trainsup.Supervisor(log_dir=str(tmp_path), node_name="ev-host", handle_signals=False)
+    try:
+        sup.event("progress", step=5, loss=0.25, done=False, note="step 5", tags=["a", 1], nothing=None,
+                  odd=float("nan"), obj=object)
+        path = sup.event_log
+    finally:
+        sup.close()
+    events = [json.loads(line) for line in open(path)]
+    e = next(e for e in events if e["event"] == "progress")
+    assert (e["step"], e["loss"], e["done"], e["note"], e["tags"], e["nothing"]) == (5, 0.25, False, "step 5",
+                                                                                     ["a", 1], None)
+    assert e["odd"] == "nan" and e["obj"] == str(object)  # not JSON: written as text, the line still parses

@@ -571,11 +571,15 @@ PYBIND11_MODULE(_trainsup, m) {
                                         : LogLevel::kInfo;
         s.log(l, msg);
       })
-      .def("event", [](Supervisor& s, const std::string& name, const std::map<std::string, std::string>& fields) {
+      .def("event", [](Supervisor& s, const std::string& name, const std::map<std::string, std::string>& fields,
+                       const std::map<std::string, std::string>& json_fields) {
+        // `fields` are strings; `json_fields` are serialized JSON (numbers, bools, lists...).
         EventFields f;
         for (const auto& [k, v] : fields) f.emplace_back(k, v);
+        for (const auto& [k, v] : json_fields) f.emplace_back(k, RawJson{v});
         s.event(name, f);
-      }, py::arg("name"), py::arg("fields") = std::map<std::string, std::string>{})
+      }, py::arg("name"), py::arg("fields") = std::map<std::string, std::string>{},
+         py::arg("json_fields") = std::map<std::string, std::string>{})
       .def("enable_checkpoints", [](Supervisor& s, py::object channel) {
         std::shared_ptr<CommitChannel> c;
         if (!channel.is_none()) c = std::make_shared<PyChannel>(channel);

@@ -15,6 +15,7 @@ host-attributed logs, the event log, and asynchronous verified checkpoints.
             sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
 """
 import atexit
+import json as _json
 import functools
 import warnings
 import weakref
@@ -189,7 +190,18 @@ class Supervisor:
         self._sup.log(level, str(message))
 
     def event(self, name, **fields):
-        self._sup.event(name, {k: str(v) for k, v in fields.items()})
+        """One line in the event log: strings stay strings; numbers, bools, None, lists and dicts
+        keep their JSON types; anything else is written as its str()."""
+        text, raw = {}, {}
+        for k, v in fields.items():
+            if isinstance(v, str):
+                text[k] = v
+                continue
+            try:
+                raw[k] = _json.dumps(v, allow_nan=False)
+            except (TypeError, ValueError):
+                text[k] = str(v)
+        self._sup.event(name, text, raw)
 
     @property
     def host(self):
