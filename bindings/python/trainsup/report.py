@@ -95,7 +95,8 @@ def analyse(agents, ranks, faults):
 
 
 TIMELINE_AGENT = {"rendezvous", "coordinator_elected", "coordinator_takeover", "verdict", "quarantine",
-                  "quarantined_exit", "worker_failure", "restart", "give_up", "agent_lost", "rendezvous_evicted"}
+                  "quarantined_exit", "worker_failure", "restart", "give_up", "agent_lost", "rendezvous_evicted",
+                  "straggler", "slow_link", "slow_link_recovered"}
 TIMELINE_RANK = {"abort_ordered", "stall", "exit", "checkpoint_restored", "first_step"}
 
 
@@ -108,7 +109,8 @@ def timeline(agents, ranks, faults):
 
 def _describe(e):
     keys = ("round", "kind", "hosts", "section", "quarantined_host", "error_class", "restarts", "code", "step",
-            "verdict", "culprit_host", "group_world", "reason", "lost_host", "silent_s", "evicted_host")
+            "verdict", "culprit_host", "group_world", "reason", "lost_host", "silent_s", "evicted_host",
+            "slow_host", "round_trip_ms")
     return " ".join(f"{k}={e[k]}" for k in keys if k in e and e[k] not in ("", None, []))
 
 
@@ -135,7 +137,8 @@ COLORS = {"verdict": "#d62728", "quarantine": "#9467bd", "quarantined_exit": "#9
           "abort_ordered": "#ff7f0e", "exit": "#ff7f0e", "rendezvous": "#1f77b4", "checkpoint_restored": "#2ca02c",
           "first_step": "#2ca02c", "restart": "#8c564b", "give_up": "#7f7f7f", "worker_failure": "#e377c2",
           "stall": "#d62728", "coordinator_elected": "#17becf", "coordinator_takeover": "#17becf",
-          "agent_lost": "#d62728", "rendezvous_evicted": "#1f77b4"}
+          "agent_lost": "#d62728", "rendezvous_evicted": "#1f77b4", "straggler": "#bcbd22", "slow_link": "#bcbd22",
+          "slow_link_recovered": "#2ca02c"}
 
 
 def _tick_step(span):
@@ -151,6 +154,7 @@ LABELS = {"fault_injected": lambda e: f"fault ({e.get('kind', '')})",
           "verdict": lambda e: f"verdict: {e.get('kind', '')}",
           "quarantine": lambda e: f"quarantine {e.get('quarantined_host', '')}",
           "agent_lost": lambda e: f"lost {e.get('lost_host', '')}",
+          "slow_link": lambda e: f"slow link {e.get('slow_host', '')} ({e.get('round_trip_ms', '?')} ms)",
           "give_up": lambda e: "gave up"}
 
 
