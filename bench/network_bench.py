@@ -22,9 +22,12 @@ CASES = [  # (name, scenario, extra args, the hosts a right verdict may name)
     ("store_cut (c10d)", "store_cut", [], set()),
     ("heal 2 s", "heal", ["--fault-s", "2"], set()),
     ("heal 4 s", "heal", ["--fault-s", "4"], set()),
+    # host-b's outgoing packets: the share lost, the rest delayed 200 ms (netshape.py). The host
+    # whose link is lossy may be named (its NIC, cable or port is the fault); no other.
     ("lossy 10%", "lossy", ["--fault-s", "20", "--loss-pct", "10"], {"host-b"}),
-    # The host whose link is lossy may be named (its NIC, cable or port is the fault); no other.
     ("lossy 30%", "lossy", ["--fault-s", "20", "--loss-pct", "30"], {"host-b"}),
+    ("lossy 30% both ways", "lossy", ["--fault-s", "20", "--loss-pct", "30", "--both-ways"], {"host-b"}),
+    ("lossy 30% for 45 s, spare", "lossy", ["--fault-s", "45", "--loss-pct", "30", "--spare"], {"host-b"}),
 ]
 
 
@@ -55,12 +58,19 @@ def main():
         line = (f"{name}: verdict {first['kind'] + ' ' + ','.join(first['hosts']) + ' after ' + str(first['after_s']) + ' s' if first else 'none'}; "
                 f"quarantined {s['quarantine'] or 'nobody'}; next round {s['next_round_after_s']} s; "
                 f"finished {s['finished']}; wrongly blamed {wrong or 'nobody'}")
+        slow = [x for x in s.get("slow_links", []) if not x["recovered"]]
+        if slow:
+            line += f"; slow link {slow[0]['host']} after {slow[0]['after_s']} s ({slow[0]['round_trip_ms']} ms)"
+        if s.get("stragglers"):
+            line += f"; straggler reports {len(s['stragglers'])}"
         if "steps_per_s_during_fault" in s:
             line += f"; steps/s {s.get('steps_per_s_before_fault')} before, {s['steps_per_s_during_fault']} during ({s['impairment']})"
         print(line, flush=True)
         results.append({"case": name, "verdicts": s["verdicts"], "quarantine": s["quarantine"],
                         "next_round_after_s": s["next_round_after_s"], "finished": s["finished"], "wrong": wrong,
-                        "agent_exit_codes": s["agent_exit_codes"]})
+                        "agent_exit_codes": s["agent_exit_codes"], "slow_links": s.get("slow_links", []),
+                        "stragglers": s.get("stragglers", []),
+                        "steps_per_s": [s.get("steps_per_s_before_fault"), s.get("steps_per_s_during_fault")]})
     print(json.dumps({"network_cases": len(results), "wrongly_blamed": sum(len(r.get("wrong", [])) for r in results),
                       "results": results}))
 
