@@ -3,6 +3,7 @@
 #include "trainsup/supervisor.h"
 
 #include "../test_util.h"
+#include "trainsup/collective_tracker.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -241,6 +242,53 @@ TEST(SupervisorTest, SigtermBecomesAStopRequestAndSlurmSignalsAreUntouched) {
   struct sigaction after;
   sigaction(SIGTERM, nullptr, &after);
   EXPECT_EQ(after.sa_handler, before_term.sa_handler);
+}
+
+// A rank that waits in a collective under a job coordinator does not end itself for a stall
+// at once: the coordinator judges collectives with every rank in view (and holds its verdict
+// while a host reports a slow link; ending here named this healthy host dead in the network
+// bench). It waits 4 more budgets for the coordinator's order, saying so, then exits as for any
+// stall. (Without a collective in flight, StallIsLoggedDumpedAbortedAndExited: one budget.)
+TEST(SupervisorTest, AStallWhileWaitingInACollectiveWaitsForTheCoordinatorThenExits) {
+  CollectiveTracker::global().reset();
+  std::string dir = tempDir();
+  Config c = testConfig(dir);
+  c.section_budgets_s["step"] = 0.3;
+  c.coordinator = "127.0.0.1:1";  // nobody there: the order never comes
+  c.job_token = std::string(32, 'a');
+  std::promise<int> exited;
+  std::atomic<int> exits{0};
+  Supervisor::Options opts;
+  opts.exit_process = [&](int code) {
+    if (exits.fetch_add(1) == 0) exited.set_value(code);
+  };
+  auto sup = Supervisor::create(c, opts);
+  ASSERT_TRUE(sup.isOk()) << sup.status().toString();
+  const uint64_t seq = CollectiveTracker::global().begin(CollectiveOp::kAllreduce, 4096);
+  auto fut = exited.get_future();
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    auto step = (*sup)->step(3);
+    ASSERT_EQ(fut.wait_for(seconds(20)), std::future_status::ready);
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(fut.get(), kExitStall);
+  EXPECT_GE(took, 5 * 0.3 - 0.05) << "one budget and four deferrals";
+  (*sup)->close();
+  CollectiveTracker::global().end(seq, true);
+  CollectiveTracker::global().reset();
+  int deferred = 0, stalls = 0;
+  for (const auto& e : events((*sup)->eventLogPath())) {
+    if (e["event"] == "stall_deferred") {
+      ++deferred;
+      EXPECT_EQ(e["collectives_waiting"], 1);
+      EXPECT_EQ(e["deferral"], deferred);
+    }
+    stalls += e["event"] == "stall";
+  }
+  EXPECT_EQ(deferred, 4);
+  EXPECT_EQ(stalls, 1);
+  EXPECT_NE(slurp((*sup)->logFilePath()).find("the job coordinator judges collectives"), std::string::npos);
 }
 
 // Issue 14, defect 2: a create that fails after the point where signal handlers used to be

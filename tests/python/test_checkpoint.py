@@ -176,3 +176,30 @@ def test_train_ddp_under_torchrun_with_four_ranks(tmp_path):
     # --standalone picks a new run id (the job id in file names) for each launch.
     logs = list((tmp_path / "logs").glob("*-r3.log"))
     assert len(logs) == 2 and any("resumed at step 21" in p.read_text() for p in logs), logs
+
+
+def test_a_broken_newest_checkpoint_is_no_checkpoint_anywhere(tmp_path):
+    """One definition of valid: load_checkpoint and the launcher's restart guard skip a newest
+    checkpoint whose shard was truncated, as restore does, and say why."""
+    from trainsup.launcher import newest_valid_step
+    root = tmp_path / "ckpt"
+    with trainsup.Supervisor(log_dir=str(tmp_path), checkpoint_dir=str(root), handle_signals=False,
+                             checkpoint_keep=3, checkpoint_busy_policy="wait") as sup:
+        for step in (10, 20):
+            assert sup.checkpoint(step, {"w": torch.full((1000,), float(step))}) == "started"
+    assert newest_valid_step(str(root)) == 20 and trainsup.load_checkpoint(str(root)).step == 20
+    newest = root / trainsup._trainsup.checkpoint_dir_name(20)
+    shard = next(newest.glob("shard-*.tsc"))
+    shard.write_bytes(shard.read_bytes()[:-100])  # the manifest and the file are still there
+    assert newest_valid_step(str(root)) == 10
+    assert trainsup.load_checkpoint(str(root)).step == 10
+    with pytest.raises(trainsup.CorruptionError, match="size mismatch"):
+        trainsup.load_checkpoint(str(newest))
+    shard.unlink()
+    with pytest.raises(trainsup.NotFoundError, match="missing shard"):
+        trainsup.load_checkpoint(str(newest))
+    for d in root.iterdir():
+        (d / "MANIFEST.json").unlink()
+    with pytest.raises(trainsup.NotFoundError, match="step-00000000000000000010: missing manifest"):
+        trainsup.load_checkpoint(str(root))
+    assert newest_valid_step(str(root)) == -1

@@ -457,6 +457,10 @@ PYBIND11_MODULE(_trainsup, m) {
   m.attr("EXIT_WATCHDOG_UNRESPONSIVE") = kExitWatchdogUnresponsive;
   m.attr("EXIT_BAD_CONFIG") = kExitBadConfig;
   m.attr("EXIT_ABORTED") = kExitAborted;
+  m.attr("EXIT_QUARANTINED") = kExitQuarantined;
+  m.attr("EXIT_DO_NOT_REQUEUE") = kExitDoNotRequeue;
+  m.def("exit_code_name", &exitCodeName, py::arg("code"));
+  m.attr("SETTING_VARIABLES") = Config::variableNames();  // what a rank reads, in order
   {  // The job coordinator's defaults, one home: trainsup.run and NodeServices read them here.
     const DetectorOptions d;
     py::dict defaults;
@@ -504,6 +508,29 @@ PYBIND11_MODULE(_trainsup, m) {
     if (!r) raiseStatus(r.status());
     return manifestDict(*r);
   });
+  // The one definition of a valid checkpoint (checkpoint_format.h): raises the typed error of
+  // the first thing wrong, else returns the manifest.
+  m.def("check_checkpoint", [](const std::string& dir) {
+    auto manifest = readManifest(FileSystem::posix(), dir);
+    if (!manifest) raiseStatus(manifest.status());
+    auto r = checkCheckpoint(FileSystem::posix(), dir, manifest->step);
+    if (!r) raiseStatus(r.status());
+    const std::string name = dir.substr(dir.find_last_of('/') + 1);
+    if (auto s = parseCheckpointDirName(name); s && *s != r->step) {
+      raiseStatus(Status::corruption("the manifest is of step " + std::to_string(r->step) + ", its directory '" + dir +
+                                     "' of step " + std::to_string(*s)));
+    }
+    return manifestDict(*r);
+  }, py::arg("dir"));
+  m.def("newest_valid_checkpoint", [](const std::string& root) {
+    auto r = newestValidCheckpoint(FileSystem::posix(), root);
+    if (!r) raiseStatus(r.status());
+    py::dict d;
+    d["step"] = r->step;
+    d["dir"] = r->dir;
+    d["skipped"] = r->skipped;
+    return d;
+  }, py::arg("root"));
   m.def("open_shard", [](const std::string& path) {
     auto r = ShardReader::open(FileSystem::posix(), path);
     if (!r) raiseStatus(r.status());

@@ -30,8 +30,8 @@ from .errors import (CorruptionError, Error, InternalError, InvalidArgumentError
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint  # noqa: E402
 from .distributed import (collective_stats, init_process_group, inner_backend,  # noqa: E402
                           recent_collectives, track_process_group)
-from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_STALL, EXIT_STOP_REQUESTED,  # noqa: E402
-                        EXIT_WATCHDOG_UNRESPONSIVE)
+from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_DO_NOT_REQUEUE, EXIT_QUARANTINED,  # noqa: E402
+                        EXIT_STALL, EXIT_STOP_REQUESTED, EXIT_WATCHDOG_UNRESPONSIVE, exit_code_name)
 
 __version__ = _trainsup.__version__
 
@@ -40,28 +40,14 @@ import os as _os  # noqa: E402
 # cmake -DCMAKE_PREFIX_PATH="$(python -c 'import trainsup; print(trainsup.cmake_prefix_path)')"
 cmake_prefix_path = _os.path.join(_os.path.dirname(__file__), "lib", "cmake")
 
-# Keyword argument -> environment variable it overrides (docs/configuration.md).
-_SETTINGS = {
-    "rank": "RANK", "local_rank": "LOCAL_RANK", "world_size": "WORLD_SIZE",
-    "local_world_size": "LOCAL_WORLD_SIZE", "group_rank": "GROUP_RANK",
-    "node_name": "TRAINSUP_NODE_NAME", "job_id": "TRAINSUP_JOB_ID",
-    "log_dir": "TRAINSUP_LOG_DIR", "log_level": "TRAINSUP_LOG_LEVEL",
-    "log_stderr": "TRAINSUP_LOG_STDERR", "watchdog": "TRAINSUP_WATCHDOG",
-    "watchdog_interval_s": "TRAINSUP_WATCHDOG_INTERVAL_S",
-    "heartbeat_timeout_s": "TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S",
-    "abort_grace_s": "TRAINSUP_ABORT_GRACE_S", "stall_action": "TRAINSUP_STALL_ACTION",
-    "budget_multiplier": "TRAINSUP_BUDGET_MULTIPLIER", "budget_floor_s": "TRAINSUP_BUDGET_FLOOR_S",
-    "budget_warmup_count": "TRAINSUP_BUDGET_WARMUP_COUNT",
-    "budget_warmup_s": "TRAINSUP_BUDGET_WARMUP_S", "warn_fraction": "TRAINSUP_WARN_FRACTION",
-    "section_budgets": "TRAINSUP_SECTION_BUDGETS", "handle_signals": "TRAINSUP_HANDLE_SIGNALS",
-    "checkpoint_dir": "TRAINSUP_CHECKPOINT_DIR", "checkpoint_interval_s": "TRAINSUP_CHECKPOINT_INTERVAL_S",
-    "checkpoint_every_steps": "TRAINSUP_CHECKPOINT_EVERY_STEPS", "checkpoint_keep": "TRAINSUP_CHECKPOINT_KEEP",
-    "checkpoint_busy_policy": "TRAINSUP_CHECKPOINT_BUSY_POLICY",
-    "checkpoint_snapshot": "TRAINSUP_CHECKPOINT_SNAPSHOT",
-    "checkpoint_replicated": "TRAINSUP_CHECKPOINT_REPLICATED",
-    "checkpoint_commit_timeout_s": "TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", "mtbf_s": "TRAINSUP_MTBF_S",
-    "coordinator": "TRAINSUP_COORDINATOR", "job_token": "TRAINSUP_JOB_TOKEN",
-}
+# Keyword argument -> environment variable it overrides (docs/configuration.md), made from the
+# C++ library's own list of what a rank reads: TRAINSUP_<NAME> is keyword <name>, and torchrun's identity
+# variables are keywords too (RANK is rank). Run ids and restart counts are the launcher's.
+_IDENTITY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+_SETTINGS = {v[len("TRAINSUP_"):].lower() if v.startswith("TRAINSUP_") else v.lower(): v
+             for v in _trainsup.SETTING_VARIABLES
+             if (v.startswith("TRAINSUP_") and v != "TRAINSUP_RESTART_COUNT") or v in _IDENTITY}
+_SETTINGS["heartbeat_timeout_s"] = "TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S"  # the keyword of earlier releases
 
 
 def _as_text(name, value):

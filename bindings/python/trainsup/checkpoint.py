@@ -315,18 +315,12 @@ class Checkpoint:
 
 
 def load_checkpoint(path):
-    """Opens a checkpoint: a step directory, or a checkpoint root (then the newest one that has a
-    manifest whose shards are all present). Returns a Checkpoint."""
+    """Opens a checkpoint: a step directory, or a checkpoint root (then the newest valid one).
+    Valid means what restore accepts short of reading the data (checkpoint_format.h: manifest,
+    every shard present with the manifest's size, index checksum, rank, world size and step);
+    the tensor data's checksums are verified as it is read. Returns a Checkpoint; raises
+    trainsup.CorruptionError or NotFoundError (a LookupError) saying what is wrong."""
     if os.path.exists(os.path.join(path, "MANIFEST.json")):
+        _trainsup.check_checkpoint(path)
         return Checkpoint(path)
-    steps = sorted((s, n) for n in os.listdir(path)
-                   if (s := _trainsup.parse_checkpoint_dir_name(n)) is not None)
-    for _, name in reversed(steps):
-        d = os.path.join(path, name)
-        try:
-            ck = Checkpoint(d)
-            if all(os.path.exists(os.path.join(d, s["file"])) for s in ck.shards):
-                return ck
-        except RuntimeError:
-            continue
-    raise FileNotFoundError(f"no checkpoint with a valid manifest under {path}")
+    return Checkpoint(_trainsup.newest_valid_checkpoint(path)["dir"])

@@ -34,7 +34,7 @@ from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .liveness import HostLiveness
 from .telemetry import NodeServices, compare_set, peek, publish_verdict, rank_table
 
-EXIT_DO_NOT_REQUEUE = 96
+EXIT_DO_NOT_REQUEUE = _trainsup.EXIT_DO_NOT_REQUEUE  # trainsup/exit_codes.h: 96
 # Verdicts that say a host is broken (not the program): its host is quarantined.
 QUARANTINE_KINDS = {"hung_rank", "silent_rank", "stalled_rank", "dead_rank", "dead_host"}
 
@@ -56,7 +56,10 @@ class AgentEvents:
     def write(self, event, **fields):
         """Appends one event. A log that cannot be written (a full disk) loses the event, says so
         once on stderr, and never stops the agent from doing what the event reports."""
-        line = {"event": event, "time": time.time(), "mono_ns": time.monotonic_ns(), "host": self.host,
+        now = time.time()
+        # wall_s as in the ranks' event logs (one name for one fact); time is the same value,
+        # kept for readers of earlier releases.
+        line = {"event": event, "time": now, "wall_s": now, "mono_ns": time.monotonic_ns(), "host": self.host,
                 "pid": os.getpid(), **fields}
         try:
             with self._lock, open(self.path, "a") as f:
@@ -81,10 +84,10 @@ def _children():
 
 
 def newest_valid_step(checkpoint_dir):
-    """The step of the newest checkpoint with its manifest and shards (progress for the
-    restart guard), or -1."""
+    """The step of the newest valid checkpoint, as restore would take it (progress for the
+    restart guard: a newer but broken one is not progress), or -1."""
     try:
-        return load_checkpoint(checkpoint_dir).step
+        return _trainsup.newest_valid_checkpoint(checkpoint_dir)["step"]
     except (OSError, RuntimeError):
         return -1
 

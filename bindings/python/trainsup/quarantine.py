@@ -15,8 +15,9 @@ import shlex
 import subprocess
 import time
 
+from ._trainsup import EXIT_QUARANTINED  # noqa: F401  (trainsup/exit_codes.h: 95)
+
 DEFAULT_TTL_S = 24 * 3600
-EXIT_QUARANTINED = 95
 
 
 def default_dir():

@@ -124,4 +124,28 @@ TRAINSUP_EXPORT Status writeManifest(FileSystem& fs, const std::string& dir, con
 // NotFound if missing; Corruption (naming the file) if unparsable or its checksum is wrong.
 TRAINSUP_EXPORT Result<Manifest> readManifest(FileSystem& fs, const std::string& dir);
 
+// What a valid checkpoint is, in one place (restore, retention, the launcher's restart guard and
+// trainsup.load_checkpoint all ask here). Short of reading the tensor data, whose checksums are
+// verified as it is read:
+// - openCheckedShard: shard `shard_rank` of `manifest` in `dir` is present, of the manifest's
+//   size, its index has the manifest's checksum, and its header names that rank, the
+//   manifest's world size and `step`. Returns it opened; else NotFound ("missing shard") or
+//   Corruption saying what is wrong.
+// - checkCheckpoint: `dir`'s manifest reads (its checksum holds), is of `step`, and every shard
+//   passes openCheckedShard. Returns the manifest, or the first reason the checkpoint is not valid.
+TRAINSUP_EXPORT Result<std::unique_ptr<ShardReader>> openCheckedShard(FileSystem& fs, const std::string& dir,
+                                                                      const Manifest& manifest, int shard_rank,
+                                                                      int64_t step);
+TRAINSUP_EXPORT Result<Manifest> checkCheckpoint(FileSystem& fs, const std::string& dir, int64_t step);
+
+// The newest valid checkpoint under `root` (step directories), with the reasons the newer ones
+// were skipped ("step-...: missing manifest"). NotFound if there is none.
+struct NewestCheckpoint {
+  int64_t step = -1;
+  std::string dir;
+  Manifest manifest;
+  std::vector<std::string> skipped;
+};
+TRAINSUP_EXPORT Result<NewestCheckpoint> newestValidCheckpoint(FileSystem& fs, const std::string& root);
+
 }  // namespace trainsup

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "trainsup/export.h"
@@ -130,6 +131,9 @@ struct TRAINSUP_EXPORT Config {
 
   // Reads the environment over the defaults. Fails on the first bad value.
   static Result<Config> fromEnvironment(const Environment& env = Environment::process());
+  // Every variable fromEnvironment() reads, in the order it reads them: the one list of a rank's
+  // settings (the Python module's keyword settings are made from it).
+  static std::vector<std::string> variableNames();
   // Checks cross-field rules (rank < world_size, positive intervals, ...).
   Status validate() const;
 };

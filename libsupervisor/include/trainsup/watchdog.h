@@ -78,6 +78,10 @@ class TRAINSUP_EXPORT Watchdog {
   uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
   void setAbortDeadline(Nanos deadline);
   void clearAbortDeadline();
+  // From the on_stall hook: the stall just reported is reported again at `until` if its section
+  // instance is still running then (instead of once). For a rank that waits in a collective,
+  // which the job coordinator judges with every rank in view.
+  void deferStall(Nanos until) { stall_deferred_until_ns_ = until.count(); }
 
   // The budget currently applying to `id` (for logs and tests).
   Budget budgetFor(SectionId id) const;
@@ -101,6 +105,7 @@ class TRAINSUP_EXPORT Watchdog {
   // Watchdog thread only (and tests calling checkOnce()).
   uint64_t warned_generation_ = ~uint64_t{0};
   uint64_t stalled_generation_ = ~uint64_t{0};
+  int64_t stall_deferred_until_ns_ = 0;  // 0: the reported stall is not reported again
   // Monitor thread only (and tests calling checkHeartbeatOnce()).
   uint64_t seen_heartbeat_ = 0;
   Nanos heartbeat_changed_at_{0};

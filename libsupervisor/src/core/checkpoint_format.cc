@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -448,6 +449,76 @@ Result<Manifest> readManifest(FileSystem& fs, const std::string& dir) {
     }
   }
   return m;
+}
+
+Result<std::unique_ptr<ShardReader>> openCheckedShard(FileSystem& fs, const std::string& dir, const Manifest& manifest,
+                                                      int shard_rank, int64_t step) {
+  if (shard_rank < 0 || shard_rank >= static_cast<int>(manifest.shards.size())) {
+    return Status::corruption("the manifest of '" + dir + "' has no shard for rank " + std::to_string(shard_rank));
+  }
+  const ManifestShard& ms = manifest.shards[static_cast<size_t>(shard_rank)];
+  const std::string file = joinPath(dir, ms.file);
+  // Size first: a truncated or overwritten shard is named for what is wrong with it.
+  auto raw = fs.newReadableFile(file);
+  if (!raw) {
+    if (raw.status().code() == StatusCode::kNotFound) return Status::notFound("missing shard '" + file + "'");
+    return raw.status();
+  }
+  if ((*raw)->size() != ms.size) {
+    return corrupt(file, "size mismatch: " + std::to_string((*raw)->size()) + " bytes, the manifest says " +
+                             std::to_string(ms.size));
+  }
+  auto opened = ShardReader::open(fs, file);
+  if (!opened) return opened.status();
+  const ShardInfo& si = (*opened)->info();
+  if (si.index_xxh3 != ms.xxh3) return corrupt(file, "checksum mismatch: the shard's index differs from the manifest");
+  if (si.rank != shard_rank || si.world_size != manifest.world_size || si.step != step) {
+    return corrupt(file, "the shard is rank " + std::to_string(si.rank) + " of " + std::to_string(si.world_size) +
+                             " at step " + std::to_string(si.step) + "; the manifest expects rank " +
+                             std::to_string(shard_rank) + " of " + std::to_string(manifest.world_size) + " at step " +
+                             std::to_string(step));
+  }
+  return opened;
+}
+
+Result<Manifest> checkCheckpoint(FileSystem& fs, const std::string& dir, int64_t step) {
+  auto manifest = readManifest(fs, dir);
+  if (!manifest) return manifest.status();
+  if (manifest->step != step) {
+    return corrupt(joinPath(dir, kManifestName), "the manifest is of step " + std::to_string(manifest->step) +
+                                                     ", its directory of step " + std::to_string(step));
+  }
+  for (int r = 0; r < static_cast<int>(manifest->shards.size()); ++r) {
+    auto shard = openCheckedShard(fs, dir, *manifest, r, step);
+    if (!shard) return shard.status();
+  }
+  return manifest;
+}
+
+Result<NewestCheckpoint> newestValidCheckpoint(FileSystem& fs, const std::string& root) {
+  auto names = fs.listDir(root);
+  if (!names) return names.status();
+  std::vector<int64_t> steps;
+  for (const auto& n : *names) {
+    if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  NewestCheckpoint out;
+  for (int64_t step : steps) {
+    const std::string dir = joinPath(root, checkpointDirName(step));
+    auto m = checkCheckpoint(fs, dir, step);
+    if (!m) {
+      out.skipped.push_back(checkpointDirName(step) + ": " + m.status().message());
+      continue;
+    }
+    out.step = step;
+    out.dir = dir;
+    out.manifest = std::move(*m);
+    return out;
+  }
+  std::string why;
+  for (const auto& s : out.skipped) why += "; " + s;
+  return Status::notFound("no valid checkpoint under '" + root + "'" + why);
 }
 
 }  // namespace trainsup

@@ -741,7 +741,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     Status st;
     bool fatal = false;
     auto manifest = readManifest(*m.fs, dir);
-    std::unique_ptr<ShardReader> shard;
+    Result<std::unique_ptr<ShardReader>> opened = Status::internal("not opened");
     if (!manifest) {
       st = manifest.status().code() == StatusCode::kNotFound ? Status::notFound("missing manifest") : manifest.status();
     } else if (manifest->step != step) {
@@ -756,26 +756,10 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
       // Replicated state (every rank saved the same, as with DDP): any shard will do, so a job
       // of another size reads shard rank % N of the N written.
       const int shard_rank = m.identity.rank % std::max(1, manifest->world_size);
-      const ManifestShard& ms = manifest->shards[static_cast<size_t>(shard_rank)];
-      file = joinPath(dir, ms.file);
-      // Size first: a truncated or overwritten shard is named for what is wrong with it.
-      auto raw = m.fs->newReadableFile(file);
-      Result<std::unique_ptr<ShardReader>> opened = Status::internal("not opened");
-      if (!raw) {
-        st = raw.status().code() == StatusCode::kNotFound ? Status::notFound("missing shard") : raw.status();
-      } else if ((*raw)->size() != ms.size) {
-        st = Status::corruption("size mismatch: " + std::to_string((*raw)->size()) + " bytes, the manifest says " +
-                                std::to_string(ms.size));
-      } else if (!(opened = ShardReader::open(*m.fs, file))) {
+      file = joinPath(dir, manifest->shards[static_cast<size_t>(shard_rank)].file);
+      opened = openCheckedShard(*m.fs, dir, *manifest, shard_rank, step);
+      if (!opened) {
         st = opened.status();
-      } else if ((*opened)->info().index_xxh3 != ms.xxh3) {
-        st = Status::corruption("checksum mismatch: the shard's index differs from the manifest");
-      } else if (const ShardInfo& si = (*opened)->info();
-                 si.rank != shard_rank || si.world_size != manifest->world_size || si.step != step) {
-        st = Status::corruption("the shard is rank " + std::to_string(si.rank) + " of " + std::to_string(si.world_size) +
-                                " at step " + std::to_string(si.step) + "; the manifest expects rank " +
-                                std::to_string(shard_rank) + " of " + std::to_string(manifest->world_size) +
-                                " at step " + std::to_string(step));
       } else {
         ++loads_attempted;
         st = load(*manifest, **opened);
@@ -855,19 +839,7 @@ Result<RetentionPlan> planRetention(FileSystem& fs, const std::string& dir, int 
   bool seen_valid = false;
   for (int64_t step : steps) {
     const std::string d = joinPath(dir, checkpointDirName(step));
-    bool valid = false;
-    if (auto m = readManifest(fs, d)) {
-      // Valid as restore would see it short of reading the data: every shard present, of the
-      // manifest's size, with the manifest's index checksum.
-      valid = true;
-      for (const auto& s : m->shards) {
-        auto r = ShardReader::open(fs, joinPath(d, s.file));
-        if (!r || (*r)->info().file_size != s.size || (*r)->info().index_xxh3 != s.xxh3) {
-          valid = false;
-          break;
-        }
-      }
-    }
+    const bool valid = checkCheckpoint(fs, d, step).isOk();  // as restore sees it, short of the data
     if (step == committed_step || (valid && static_cast<int>(plan.keep.size()) < keep)) {
       plan.keep.push_back(step);  // the just-committed one is always kept
       seen_valid = seen_valid || valid || step == committed_step;

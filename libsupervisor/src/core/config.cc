@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -317,6 +318,16 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
   if (!r.status().isOk()) return r.status();
   if (Status s = c.validate(); !s.isOk()) return s;
   return c;
+}
+
+std::vector<std::string> Config::variableNames() {
+  std::vector<std::string> names;
+  Environment recording([&names](const std::string& name) -> std::optional<std::string> {
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+    return std::nullopt;
+  });
+  (void)fromEnvironment(recording);  // the defaults: only the names read matter here
+  return names;
 }
 
 Status Config::validate() const {

@@ -31,6 +31,8 @@ const char* exitCodeName(int code) {
     case kExitWatchdogUnresponsive: return "watchdog_unresponsive";
     case kExitBadConfig: return "bad_config";
     case kExitAborted: return "aborted_by_verdict";
+    case kExitQuarantined: return "quarantined";
+    case kExitDoNotRequeue: return "do_not_requeue";
     default: return "unknown";
   }
 }

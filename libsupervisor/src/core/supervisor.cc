@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "logging.h"
+#include "trainsup/collective_tracker.h"
 #include "stop_signals.h"
 #include "trainsup/gpu.h"
 #include "trainsup/nccl.h"
@@ -67,6 +68,11 @@ struct Supervisor::Impl {
   void onTick();
   void onWarn(const StallReport& r);
   void onStall(const StallReport& r);
+  // Stall deferrals while waiting in a collective (watchdog thread only).
+  static constexpr int kStallDeferrals = 4;
+  std::string deferred_section;
+  int64_t deferred_step = -1;
+  int stall_deferrals = 0;
   void dumpStacks(std::chrono::milliseconds timeout);
   // Half of the abort grace period (0.1 to 5 s) for a stack dump; the rest is for the abort
   // callbacks.
@@ -222,6 +228,31 @@ void Supervisor::Impl::dumpStacks(std::chrono::milliseconds timeout) {
 void Supervisor::Impl::onStall(const StallReport& r) {
   const bool exiting = config.stall_action == StallAction::kExit;
   const Nanos start = clock->monotonicNow();
+  // Waiting in a collective under a job coordinator: whether this rank or a peer (or the
+  // network between them) is at fault is the coordinator's call, made with every rank in view,
+  // and it may hold it while a host reports a slow link. Exiting here would name this healthy
+  // host (its rank "died"). Wait for the coordinator's order up to kStallDeferrals more
+  // budgets; past them the coordinator is taken to be gone, and the stall ends the process.
+  const CollectiveTracker::Stats cs = CollectiveTracker::global().stats();
+  const uint64_t waiting = cs.issued - cs.completed - cs.failed - cs.untracked;
+  const bool same = r.section == deferred_section && r.step == deferred_step;
+  if (exiting && telemetry && waiting > 0 && (!same || stall_deferrals < kStallDeferrals)) {
+    stall_deferrals = same ? stall_deferrals + 1 : 1;
+    deferred_section = r.section;
+    deferred_step = r.step;
+    watchdog->deferStall(start + r.budget.limit);
+    logger.logger->warn("section '{}' (step {}) is over its {} s budget ({} s) while waiting in {} collective(s): the "
+                        "job coordinator judges collectives; waiting one more budget for its verdict ({} of {})",
+                        r.section, r.step, seconds(r.budget.limit), seconds(r.elapsed), waiting, stall_deferrals,
+                        kStallDeferrals);
+    events->write("stall_deferred", {{"section", r.section},
+                                     {"step", r.step},
+                                     {"elapsed_s", toSeconds(r.elapsed)},
+                                     {"budget_s", toSeconds(r.budget.limit)},
+                                     {"collectives_waiting", static_cast<int64_t>(waiting)},
+                                     {"deferral", stall_deferrals}});
+    return;
+  }
   // The dump (and, when exiting, the abort callbacks) keep this thread busy: the monitor then
   // watches this deadline instead of the heartbeat, in warn mode too.
   watchdog->setAbortDeadline(start + fromSeconds(config.abort_grace_s));

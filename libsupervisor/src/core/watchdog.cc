@@ -73,8 +73,12 @@ Watchdog::Check Watchdog::checkOnce() {
   // (same generation, hence the same stats) may raise anything.
   if (progress_.snapshot().generation != snap.generation) return check;
   if (r.elapsed > r.budget.limit) {
-    if (stalled_generation_ == snap.generation) return check;  // already reported
+    if (stalled_generation_ == snap.generation &&
+        (stall_deferred_until_ns_ == 0 || now.count() < stall_deferred_until_ns_)) {
+      return check;  // already reported (and not deferred, or not yet due again)
+    }
     stalled_generation_ = snap.generation;
+    stall_deferred_until_ns_ = 0;
     check.verdict = Verdict::kStall;
   } else if (static_cast<double>(r.elapsed.count()) >
              options_.policy.warn_fraction * static_cast<double>(r.budget.limit.count())) {
