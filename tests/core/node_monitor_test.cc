@@ -109,6 +109,28 @@ TEST(NodeMonitorTest, ADeadRankIsNamedWithTheHostFromItsHelloAndTheOthersAreTold
   EXPECT_EQ(m1->counters().records_dropped, 0u);
 }
 
+// The coordinator's host was the one lost: no order comes from it. The agent, which read the
+// job's verdict from the store, gives its own ranks the order through its node monitor.
+TEST(NodeMonitorTest, TheAgentCanOrderItsRanksToAbortWithoutACoordinator) {
+  auto m = monitor(socketPath("noc"), 1);  // port 1: no coordinator there, ever
+  CollectiveTracker t0, t1;
+  std::promise<WireAbort> first, second;
+  auto c0 = client(m->socketPath(), 0, "host-b", t0, [&](const WireAbort& a) { first.set_value(a); });
+  auto c1 = client(m->socketPath(), 1, "host-b", t1, [&](const WireAbort& a) { second.set_value(a); });
+  ASSERT_TRUE(waitUntil([&] { return m->counters().local_connections >= 2; }));
+  m->abortLocalRanks(4, "dead_host", "host-a");
+  for (auto* p : {&first, &second}) {
+    auto got = p->get_future();
+    ASSERT_EQ(got.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    WireAbort a = got.get();
+    EXPECT_EQ(a.culprit_rank, 4);
+    EXPECT_STREQ(a.kind, "dead_host");
+    EXPECT_STREQ(a.host, "host-a");
+  }
+  EXPECT_EQ(m->counters().aborts_relayed, 2u);
+  EXPECT_FALSE(m->counters().coordinator_connected);
+}
+
 TEST(NodeMonitorTest, ARankThatEndsNormallyRaisesNoVerdict) {
   Sink sink;
   auto coord = coordinator(sink, 2);

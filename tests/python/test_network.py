@@ -1,8 +1,10 @@
-"""A real network fault between simulated hosts that each have their own network namespace and
-address (examples/launch/network_scenario.py): host-b's link is cut while training. host-b must
-be named within the budget of a stopped rank, quarantined, and the job must finish on host-a and
-the spare host-c. The longer cases (a partition that heals, a lossy link, the store's or the
-coordinator's host cut) are in bench/network_bench.py. Needs root (network namespaces)."""
+"""Real network faults between simulated hosts that each have their own network namespace and
+address (examples/launch/network_scenario.py). A cut link: host-b must be named within the
+budget of a stopped rank, quarantined, and the job must finish on host-a and the spare host-c.
+A lossy, slow link (30% of host-b's packets lost, the rest delayed 200 ms): host-b is a
+straggler, not dead: its slow link is named, nobody is quarantined, and the job finishes. The
+longer cases (partitions that heal, other loss rates, the store's or the coordinator's host cut)
+are in bench/network_bench.py. Needs root (network namespaces)."""
 import json
 import os
 import shutil
@@ -41,3 +43,31 @@ def test_a_host_whose_link_is_cut_is_named_quarantined_and_the_job_goes_on(tmp_p
     assert not list((tmp_path).glob("ts*"))  # nothing of the namespaces left in the work dir
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert "host-" not in names, names  # the scenario removed its namespaces
+
+
+def _netfilterqueue():
+    try:
+        import netfilterqueue  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _can_make_namespaces() or not _netfilterqueue(),
+                    reason="needs root, iproute2 and NetfilterQueue (the delay shaper)")
+def test_a_host_with_a_lossy_slow_link_is_a_straggler_not_dead(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, SCENARIO, "lossy", str(tmp_path / "lossy"), "--steps", "400",
+                          "--fault-s", "15", "--loss-pct", "30", "--delay-ms", "200"], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    s = json.loads(out.stdout.strip().splitlines()[-1])
+    slow = [x for x in s["slow_links"] if not x["recovered"]]
+    print(f"[measure] lossy link: slow link {[x['host'] for x in slow]} after "
+          f"{[x['after_s'] for x in slow]} s; steps/s {s['steps_per_s_before_fault']} before, "
+          f"{s['steps_per_s_during_fault']} during; verdicts {s['verdicts']}")
+    assert s["shaped_packets"]["dropped_out"] > 0 and s["shaped_packets"]["delayed"] > 0, s
+    assert s["verdicts"] == [] and s["quarantine"] == [], s  # nobody named dead or hung
+    assert [x["host"] for x in slow] == ["host-b"] and slow[0]["after_s"] <= 15, s
+    assert all(x["hosts"] == ["host-b"] for x in s["stragglers"]), s
+    assert s["finished"] and s["agent_exit_codes"] == {"host-a": 0, "host-b": 0}, s

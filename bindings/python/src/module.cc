@@ -413,6 +413,9 @@ class PyNodeMonitor {
   void setCoordinator(const std::string& host, int port) {
     live().setCoordinator(host, static_cast<uint16_t>(port));
   }
+  void abortLocalRanks(int culprit_rank, const std::string& kind, const std::string& host) {
+    live().abortLocalRanks(culprit_rank, kind, host);
+  }
   py::dict counters() const {
     auto c = live().counters();
     py::dict d;
@@ -488,6 +491,8 @@ PYBIND11_MODULE(_trainsup, m) {
       .def(py::init<const std::string&, const std::string&, int, const std::string&, double>(), py::arg("socket_path"),
            py::arg("host"), py::arg("port"), py::arg("token"), py::arg("forward_interval_s") = 0.05)
       .def("set_coordinator", &PyNodeMonitor::setCoordinator)
+      .def("abort_local_ranks", &PyNodeMonitor::abortLocalRanks, py::arg("culprit_rank"), py::arg("kind"),
+           py::arg("host"))
       .def("counters", &PyNodeMonitor::counters)
       .def("stop", &PyNodeMonitor::stop, py::call_guard<py::gil_scoped_release>());
 

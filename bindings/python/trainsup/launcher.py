@@ -466,6 +466,15 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.events.write("verdict_withheld", round=self.round, kind=v["kind"], hosts=v["hosts"],
                               reason="no other agent heard from: this host is likely the one cut off")
             culprits = []
+        if v["kind"] not in QUARANTINE_KINDS or culprits:
+            # The round is over: order our ranks to abort, as the coordinator does. When the
+            # coordinator was on the host that was lost, this is the only order they get
+            # (otherwise they would wait in a collective until their own watchdog gave up).
+            try:
+                services.monitor.abort_local_ranks(v["ranks"][0] if v.get("ranks") else -1, v["kind"],
+                                                   (v.get("hosts") or [""])[0])
+            except Exception as e:
+                self.events.write("agent_watch_error", error=f"abort order to local ranks: {e}")
         for host in culprits:
             try:
                 if self.quarantine.get(host) is None and (services.in_office or host == self.node):

@@ -240,7 +240,10 @@ class NodeServices:
         if self._slow_told[0] is c and now - self._slow_read_at < 1.0:
             return
         self._slow_read_at = now
-        hosts = sorted(self.slow_hosts())
+        try:
+            hosts = sorted(self.slow_hosts())
+        except Exception:  # the store may be away for a moment: the rest of the tick must run
+            return
         if self._slow_told != (c, hosts):
             c.set_slow_hosts(hosts)
             if self._slow_told[1] != hosts:

@@ -47,6 +47,10 @@ class TRAINSUP_EXPORT NodeMonitor {
   // Forward to this coordinator from now on (thread-safe).
   void setCoordinator(const std::string& host, uint16_t port);
   const std::string& socketPath() const;
+  // Sends an abort order to every rank connected here, as if from the coordinator (thread-safe):
+  // for this host's agent, when the job's verdict is published but no coordinator can give the
+  // order (the coordinator's host was the one lost). Counted in aborts_relayed.
+  void abortLocalRanks(int32_t culprit_rank, const std::string& kind, const std::string& host);
   void stop();
 
   struct Counters {

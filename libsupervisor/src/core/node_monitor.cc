@@ -6,6 +6,7 @@
 
 #include <boost/asio.hpp>
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -101,6 +102,7 @@ struct NodeMonitor::Impl {
   void connectUpstream();
   void dropUpstream();
   void readUpstream();
+  void sendToLocals(const WireMessage& m);
   void flush();
 };
 
@@ -287,19 +289,23 @@ void NodeMonitor::Impl::readUpstream() {
       return;
     }
     for (const auto& m : inbound->feed(inbound_buf.data(), n)) {
-      if (m.aborts.empty()) continue;
-      auto frame = std::make_shared<std::string>(encodeFrame(m, token));
-      uint64_t relayed = 0;
-      for (auto& weak : locals) {
-        if (auto r = weak.lock()) {
-          r->send(frame);
-          ++relayed;
-        }
-      }
-      count([&](Counters& c) { c.aborts_relayed += relayed; });
+      if (!m.aborts.empty()) sendToLocals(m);
     }
     readUpstream();
   });
+}
+
+// An abort order to every local rank (from the coordinator, or from this host's agent).
+void NodeMonitor::Impl::sendToLocals(const WireMessage& m) {
+  auto frame = std::make_shared<std::string>(encodeFrame(m, token));
+  uint64_t relayed = 0;
+  for (auto& weak : locals) {
+    if (auto r = weak.lock()) {
+      r->send(frame);
+      ++relayed;
+    }
+  }
+  count([&](Counters& c) { c.aborts_relayed += relayed; });
 }
 
 // Sends what is waiting, one write at a time.
@@ -411,6 +417,17 @@ void NodeMonitor::setCoordinator(const std::string& host, uint16_t port) {
   impl_->host = host;
   impl_->port = port;
   ++impl_->address_generation;
+}
+
+void NodeMonitor::abortLocalRanks(int32_t culprit_rank, const std::string& kind, const std::string& host) {
+  WireMessage m;
+  m.type = WireType::kAbort;
+  WireAbort a;
+  a.culprit_rank = culprit_rank;
+  std::strncpy(a.kind, kind.c_str(), sizeof(a.kind) - 1);
+  std::strncpy(a.host, host.c_str(), sizeof(a.host) - 1);
+  m.aborts.push_back(a);
+  asio::post(impl_->io, [impl = impl_.get(), m] { impl->sendToLocals(m); });
 }
 
 const std::string& NodeMonitor::socketPath() const { return impl_->options.socket_path; }

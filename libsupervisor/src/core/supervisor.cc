@@ -293,6 +293,9 @@ void Supervisor::Impl::onStall(const StallReport& r) {
 void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
   {
     std::lock_guard<std::mutex> lock(abort_mu);
+    // One order is acted on: the agent repeats the coordinator's when the job's verdict is
+    // published, in case the coordinator could not reach this rank.
+    if (abort_ordered) return;
     abort_ordered = true;
   }
   abort_cv.notify_all();
