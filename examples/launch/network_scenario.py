@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -98,7 +99,8 @@ class TestNet:
         cmd = ["ip", "netns", "exec", ns, sys.executable, str(pathlib.Path(__file__).resolve().parent / "netshape.py"),
                "--queue", str(queue), "--delay-ms", f"{delay_ms:g}", "--loss-pct", f"{loss_pct:g}",
                *(["--both-ways"] if both_ways else [])]
-        shaper = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        log = open(pathlib.Path(tempfile.gettempdir()) / f"netshape-{self.tag}-{host}.log", "w")
+        shaper = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)  # warnings go to the log
         first = shaper.stdout.readline().strip()  # "ready" once bound; anything else is its error
         if first != "ready":
             shaper.kill()
@@ -119,7 +121,11 @@ class TestNet:
         if shaper is None:
             return None
         shaper.terminate()
-        out, _ = shaper.communicate(timeout=10)
+        try:
+            out, _ = shaper.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            shaper.kill()
+            out, _ = shaper.communicate()
         try:
             return json.loads(out.strip().splitlines()[-1])
         except (ValueError, IndexError):

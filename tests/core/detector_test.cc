@@ -333,5 +333,22 @@ TEST(DetectorTest, ASlowLinkMakesAStragglerOfItsHostAndDelaysHangVerdicts) {
   EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-b"});
 }
 
+// A slow link does not cover for another host: rank 2 on healthy host-c never enters the
+// collective (a deadlock in its own code) while host-b's link is slow. host-c is named at the
+// usual budget, not host-b at 6 x it.
+TEST(DetectorTest, ASlowLinkDoesNotHideARankOnAHealthyHostThatNeverEntered) {
+  Job job;
+  for (int i = 0; i < 200; ++i) job.step(even(50 * kMs));
+  job.det.setSlowHosts({"host-b"});
+  const int64_t t0 = job.now;
+  for (int r : {0, 1, 3}) job.det.onEnter(r, 201, CollectiveOp::kAllreduce, 4096, t0);
+  for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t0 + 5 * kS);
+  auto v = job.det.evaluate(t0 + 5100 * kMs);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kHungRank);
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-c"});
+  EXPECT_NE(v[0].evidence.find("never entered"), std::string::npos) << v[0].evidence;
+}
+
 }  // namespace
 }  // namespace trainsup

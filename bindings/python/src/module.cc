@@ -562,7 +562,7 @@ PYBIND11_MODULE(_trainsup, m) {
     d["completed"] = st.completed;
     d["failed"] = st.failed;
     d["untracked"] = st.untracked;
-    d["pending"] = st.issued - st.completed - st.untracked;
+    d["pending"] = st.pending();
     return d;
   });
   m.def("stop_completion_watcher", [] { CompletionWatcher::global().stop(); },

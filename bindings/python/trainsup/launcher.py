@@ -107,6 +107,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.services = None
         self.round = None
         self._world = 0  # group world of self.round
+        self._round_hosts = None  # (round, its hosts), for _slow_hosts
         self._handled_verdicts = set()
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_loop, name="trainsup-agent-watch", daemon=True)
@@ -334,12 +335,27 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                     break
         os._exit(code)
 
+    def _order_local_abort(self, services, v):
+        """The round is over: order our ranks to abort, as the coordinator does. When the
+        coordinator was on the host that was lost, this is the only order they get (otherwise
+        they would wait in a collective until their own watchdog gave up)."""
+        try:
+            services.monitor.abort_local_ranks(v["ranks"][0] if v.get("ranks") else -1, v["kind"],
+                                               (v.get("hosts") or [""])[0])
+            self.events.write("abort_relayed", round=self.round, kind=v["kind"], hosts=v.get("hosts", []))
+        except Exception as e:
+            self.events.write("agent_watch_error", error=f"abort order to local ranks: {e}")
+
     def _slow_hosts(self):
-        """The hosts of our round whose agents report a slow link (for our coordinator)."""
+        """The hosts of our round whose agents report a slow link (for our coordinator). The
+        round's hosts are read once, when all have registered; then one store read a second."""
         rnd, world = self.round, self._world
         if rnd is None:
             return []
-        return self.liveness.slow_hosts(self.liveness.hosts_of_round(rnd, world))
+        cached = self._round_hosts
+        if cached is None or cached[0] != rnd or len(cached[1]) < world:
+            cached = self._round_hosts = (rnd, self.liveness.hosts_of_round(rnd, world))
+        return self.liveness.slow_hosts(cached[1])
 
     def _slow_link(self, host, median_s, baseline_s, slow):
         """This host's round trips to the store crossed the slow-link threshold (or came back):
@@ -375,6 +391,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 self._handled_verdicts.add((job_id, json.dumps(ours, sort_keys=True)))
                 self.events.write("verdict", round=rnd, kind="dead_host", ranks=ranks, hosts=[host], section="",
                                   evidence=evidence)
+                services = self.services
+                if services is not None and services.job_id == job_id:
+                    self._order_local_abort(services, ours)
             # Two agents watch each host: the first to claim it quarantines (and runs the commands).
             claim = f"agents/{self.get_run_id()}/{host}/lost-claim/{json.dumps(desc)}"
             if self.quarantine.get(host) is None and compare_set(self.store, claim, "", self.node) == self.node.encode():
@@ -467,14 +486,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                               reason="no other agent heard from: this host is likely the one cut off")
             culprits = []
         if v["kind"] not in QUARANTINE_KINDS or culprits:
-            # The round is over: order our ranks to abort, as the coordinator does. When the
-            # coordinator was on the host that was lost, this is the only order they get
-            # (otherwise they would wait in a collective until their own watchdog gave up).
-            try:
-                services.monitor.abort_local_ranks(v["ranks"][0] if v.get("ranks") else -1, v["kind"],
-                                                   (v.get("hosts") or [""])[0])
-            except Exception as e:
-                self.events.write("agent_watch_error", error=f"abort order to local ranks: {e}")
+            self._order_local_abort(services, v)
         for host in culprits:
             try:
                 if self.quarantine.get(host) is None and (services.in_office or host == self.node):

@@ -105,6 +105,8 @@ class HostLiveness:
         self._slow_cache = (None, [])  # ((slow_changes, hosts), slow hosts among them)
         self._slow_lock = threading.Lock()
         self.store.set(self._key(host, "node"), self._node)
+        if peek(self.store, self._key(host, "slow")):
+            self._publish_slow()  # an earlier agent of this host left it slow: this one starts afresh
         self.store.set(f"agents/{run_id}/agent-{self.store.add(f'agents/{run_id}/count', 1) - 1}", host)
         self.beat()
         self._threads = [threading.Thread(target=self._loop, args=(fn,), name=f"trainsup-agent-{name}", daemon=True)
@@ -139,12 +141,16 @@ class HostLiveness:
                 self.slow = False
             else:
                 return
-        # Published first, so that the job's coordinator treats this host as slow, not hung.
+            # Published first (and under the lock, so that a late "slow" cannot overwrite a
+            # newer "recovered"), so that the job's coordinator treats this host as slow, not hung.
+            self._publish_slow(median)
+        self.on_slow(self.host, median, self.baseline_s, self.slow)
+
+    def _publish_slow(self, median=0.0):
         self.store.set(self._key(self.host, "slow"), json.dumps(
-            {"round_trip_ms": round(median * 1000, 1), "baseline_ms": round(self.baseline_s * 1000, 2)})
+            {"round_trip_ms": round(median * 1000, 1), "baseline_ms": round((self.baseline_s or 0) * 1000, 2)})
             if self.slow else "")
         self.store.add(f"agents/{self.run_id}/slow_changes", 1)
-        self.on_slow(self.host, median, self.baseline_s, self.slow)
 
     def slow_hosts(self, hosts):
         """Those of `hosts` whose agents say their links are slow now. One store read while
@@ -186,6 +192,10 @@ class HostLiveness:
         self._stop.set()
         try:
             self.store.set(self._key(self.host, "left"), self._node)
+            if self.slow:
+                with self._slow_lock:
+                    self.slow = False
+                    self._publish_slow()
         except Exception:
             pass  # the store is gone with the job
 

@@ -50,8 +50,10 @@ class TRAINSUP_EXPORT CollectiveTracker {
   struct Stats {
     std::array<uint64_t, kCollectiveOpCount> count{};  // issued, by op
     std::array<uint64_t, kCollectiveOpCount> bytes{};
-    uint64_t issued = 0, completed = 0, failed = 0, untracked = 0;
+    uint64_t issued = 0, completed = 0, failed = 0, untracked = 0;  // completed includes failed
     uint64_t last_seq = 0;
+    // Issued and neither completed (nor failed) nor untracked: collectives this rank waits in.
+    uint64_t pending() const { return issued - completed - untracked; }
   };
   Stats stats() const;
   // The newest `n` records (or fewer), oldest first.

@@ -338,9 +338,19 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     int64_t budget = budgetNs(p.op, &learned);
     int64_t open_for = now_ns - p.first_enter_ns;
     if (open_for <= budget) continue;
+    std::vector<int> missing, unfinished;
+    for (int r = 0; r < world_; ++r) {
+      if (!p.entered[r]) missing.push_back(r);
+      else if (p.wait_ns[r] < 0) unfinished.push_back(r);
+    }
+    // A slow link explains a collective that every rank entered (one is left waiting for the
+    // link's packets), or one that only ranks on slow hosts have not entered (their news is
+    // late). A rank on a healthy host that never entered is named as always.
+    bool link_explains = !slow_hosts_.empty();
+    for (int r : missing) link_explains = link_explains && onSlowHost(r);
     std::vector<int> slow_ranks;
     std::string slow_list;
-    if (!slow_hosts_.empty()) {
+    if (link_explains) {
       for (int r = 0; r < world_; ++r) {
         if (onSlowHost(r)) slow_ranks.push_back(r);
       }
@@ -359,11 +369,6 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       budget = extended;
       if (open_for <= budget) break;  // later collectives are behind this one
     }
-    std::vector<int> missing, unfinished;
-    for (int r = 0; r < world_; ++r) {
-      if (!p.entered[r]) missing.push_back(r);
-      else if (p.wait_ns[r] < 0) unfinished.push_back(r);
-    }
     const int64_t confirm_ns = static_cast<int64_t>(options_.network_grace_s * 1e9);
     if (missing.empty() && open_for <= budget + confirm_ns) break;  // every rank entered: the network may recover
     p.reported = true;
@@ -374,8 +379,9 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       // Held this long by a link its own host calls slow: that host is the fault, whichever
       // rank was left waiting (usually one on a healthy host, for the packets it lost).
       out.push_back(make(VerdictKind::kHungRank, slow_ranks,
-                         what + " x" + fmtMultiplier(options_.slow_link_multiplier) + " for the slow link of host(s) " +
-                             slow_list + ": too slow for the job to go on (waiting: rank(s) " +
+                         what + " (" + fmtMultiplier(options_.slow_link_multiplier) +
+                             " x the usual, for the slow link of host(s) " + slow_list +
+                             "): too slow for the job to go on (waiting: rank(s) " +
                              listRanks(missing.empty() ? unfinished : missing) + ")",
                          seq, collectiveOpName(p.op)));
       break;

@@ -69,7 +69,9 @@ struct Supervisor::Impl {
   void onWarn(const StallReport& r);
   void onStall(const StallReport& r);
   // Stall deferrals while waiting in a collective (watchdog thread only).
-  static constexpr int kStallDeferrals = 4;
+  // 6: the coordinator names a hang held by a slow link at 6 x the collective's budget (plus a
+  // 3 s grace), and a collective's budget is at most a step's (the step holds it).
+  static constexpr int kStallDeferrals = 6;
   std::string deferred_section;
   int64_t deferred_step = -1;
   int stall_deferrals = 0;
@@ -233,8 +235,12 @@ void Supervisor::Impl::onStall(const StallReport& r) {
   // and it may hold it while a host reports a slow link. Exiting here would name this healthy
   // host (its rank "died"). Wait for the coordinator's order up to kStallDeferrals more
   // budgets; past them the coordinator is taken to be gone, and the stall ends the process.
-  const CollectiveTracker::Stats cs = CollectiveTracker::global().stats();
-  const uint64_t waiting = cs.issued - cs.completed - cs.failed - cs.untracked;
+  // (The agent also orders its ranks to abort once the round's verdict is published.)
+  {
+    std::lock_guard<std::mutex> lock(abort_mu);
+    if (abort_ordered) return;  // the coordinator's order is being carried out: it owns the exit
+  }
+  const uint64_t waiting = CollectiveTracker::global().stats().pending();
   const bool same = r.section == deferred_section && r.step == deferred_step;
   if (exiting && telemetry && waiting > 0 && (!same || stall_deferrals < kStallDeferrals)) {
     stall_deferrals = same ? stall_deferrals + 1 : 1;
