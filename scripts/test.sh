@@ -34,7 +34,17 @@ if ! wait "$background"; then
   echo "test.sh: the ThreadSanitizer build or the wheel build failed" >&2
   exit 1
 fi
+# The wheel's check (mostly pip installing it into a fresh venv) and the ThreadSanitizer run of
+# the core's suites (watchdog, progress, supervisor, checkpoint, telemetry, ...) side by side.
 TRAINSUP_PREBUILT_WHEEL=$(ls "$wheel_dir"/trainsup-*.whl) \
-  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 -R '^install\.pip_wheel$'
-# ThreadSanitizer: watchdog, progress, supervisor, checkpoint, telemetry, ... (every core test).
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" ctest --test-dir build-tsan -L core --output-on-failure --timeout 600
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 -R '^install\.pip_wheel$' &
+wheel_check=$!
+tsan_status=0
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  ctest --test-dir build-tsan -L core --output-on-failure --timeout 600 || tsan_status=$?
+wheel_status=0
+wait "$wheel_check" || wheel_status=$?
+if ((tsan_status || wheel_status)); then
+  echo "test.sh: ThreadSanitizer suites exit $tsan_status, wheel check exit $wheel_status" >&2
+  exit 1
+fi

@@ -1,31 +1,46 @@
 """`python3 -m trainsup quarantine ...`: records on disk, expiry, the sbatch --exclude text, and
 the configured commands run with shell-quoted placeholders."""
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 
+from trainsup.__main__ import main as cli_main
 from trainsup.quarantine import Quarantine, run_commands
 
 
 def _cli(tmp_path, *args, env=None):
+    """The command as an operator runs it: a process of its own."""
     e = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
     return subprocess.run([sys.executable, "-m", "trainsup", "quarantine", *args, "--dir", str(tmp_path)],
                           capture_output=True, text=True, env=e)
+
+
+def _main(tmp_path, *args):
+    """The same command's main() in this process (each process start costs seconds of imports)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli_main(["quarantine", *args, "--dir", str(tmp_path)])
+        except SystemExit as e:
+            rc = e.code
+    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
 
 
 def test_add_list_exclude_remove(tmp_path):
     assert _cli(tmp_path, "exclude-arg").stdout.strip() == ""
     out = _cli(tmp_path, "add", "node17", "--reason", "ECC errors", "--gpu", "3:GPU-abc")
     assert out.returncode == 0, out.stderr
-    _cli(tmp_path, "add", "node42", "--reason", "manual check")
-    _cli(tmp_path, "add", "node99", "--reason", "expired already", "--ttl-s", "0.001")
-    listed = [json.loads(l) for l in _cli(tmp_path, "list").stdout.splitlines()]
+    _main(tmp_path, "add", "node42", "--reason", "manual check")
+    _main(tmp_path, "add", "node99", "--reason", "expired already", "--ttl-s", "0.001")
+    listed = [json.loads(l) for l in _main(tmp_path, "list").stdout.splitlines()]
     assert [r["host"] for r in listed] == ["node17", "node42"]  # node99 expired
     assert listed[0]["gpu"] == "3:GPU-abc" and listed[0]["reason"] == "ECC errors"
-    assert _cli(tmp_path, "exclude-arg").stdout.strip() == "--exclude=node17,node42"
-    assert _cli(tmp_path, "remove", "node42").returncode == 0
-    assert _cli(tmp_path, "remove", "node42").returncode == 1
+    assert _main(tmp_path, "exclude-arg").stdout.strip() == "--exclude=node17,node42"
+    assert _main(tmp_path, "remove", "node42").returncode == 0
+    assert _main(tmp_path, "remove", "node42").returncode == 1
     assert _cli(tmp_path, "exclude-arg").stdout.strip() == "--exclude=node17"
     bad = _cli(tmp_path, "add", "../etc", "--reason", "x")
     assert bad.returncode != 0 and "is not a host name" in bad.stderr

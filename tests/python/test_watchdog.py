@@ -88,6 +88,11 @@ def test_unknown_setting_is_a_type_error(tmp_path):
         trainsup.Supervisor(budget_flor_s=1, log_dir=str(tmp_path))
 
 
+def test_two_keywords_for_one_setting_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S"):
+        trainsup.Supervisor(heartbeat_timeout_s=30, watchdog_heartbeat_timeout_s=40, log_dir=str(tmp_path))
+
+
 def test_bad_value_names_the_setting(tmp_path):
     with pytest.raises(ValueError, match="TRAINSUP_STALL_ACTION='reboot'"):
         trainsup.Supervisor(stall_action="reboot", log_dir=str(tmp_path))

@@ -66,6 +66,13 @@ class Supervisor:
         if unknown:
             raise TypeError(f"trainsup.Supervisor: unknown setting(s) {unknown}; "
                             f"known: {sorted(_SETTINGS)}")
+        by_variable = {}
+        for k in settings:
+            by_variable.setdefault(_SETTINGS[k], []).append(k)
+        both = [sorted(ks) for ks in by_variable.values() if len(ks) > 1]
+        if both:
+            raise TypeError(f"trainsup.Supervisor: {both[0]} name the same setting ({_SETTINGS[both[0][0]]}); "
+                            "give one")
         overrides = {_SETTINGS[k]: _as_text(k, v) for k, v in settings.items()}
         self._sup = _trainsup.Supervisor(overrides)
         _live.add(self)

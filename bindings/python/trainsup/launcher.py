@@ -28,7 +28,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from . import _torchrun_compat as compat
 from .classify import classify, tail
-from . import _trainsup, preflight
+from . import _trainsup, names, preflight
 from .checkpoint import load_checkpoint
 from .quarantine import EXIT_QUARANTINED, Quarantine, run_commands
 from .liveness import HostLiveness
@@ -48,7 +48,7 @@ class AgentEvents:
 
     def __init__(self, run_dir, host):
         os.makedirs(run_dir, exist_ok=True)
-        self.path = os.path.join(run_dir, f"agent-{host}.events.jsonl")
+        self.path = names.agent_events_file(run_dir, host)
         self.host = host
         self._lock = threading.Lock()
         self._warned = False
@@ -395,7 +395,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 if services is not None and services.job_id == job_id:
                     self._order_local_abort(services, ours)
             # Two agents watch each host: the first to claim it quarantines (and runs the commands).
-            claim = f"agents/{self.get_run_id()}/{host}/lost-claim/{json.dumps(desc)}"
+            claim = names.lost_claim_key(self.get_run_id(), host, desc)
             if self.quarantine.get(host) is None and compare_set(self.store, claim, "", self.node) == self.node.encode():
                 self._quarantine(host, evidence, "dead_host", gpu=(gpus or [""])[0])
             if desc is not None:

@@ -43,24 +43,14 @@ The store must be a client of this agent's own: a TCPStore client serialises its
 torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
 would stop the keep-alive and get this host taken for dead.
 
-Keys, under the launcher's "trainsup/" prefix:
-  agents/<run>/<host>/beat       the counter
-  agents/<run>/<host>/node       JSON [fqdn, pid, local_id]: this agent's node in torch's rendezvous
-  agents/<run>/<host>/left       the node JSON of an agent that ended on purpose (a marker left
-                                 by an earlier agent of the host, e.g. before a requeue, does
-                                 not match the current node and counts for nothing)
-  agents/<run>/round-<r>/<g>     the host of group rank g in round r
-  agents/<run>/<host>/slow       JSON {"round_trip_ms", "baseline_ms"} while the host's link is
-                                 slow, "" after (slow_hosts() reads it for the coordinator)
-  agents/<run>/slow_changes      a counter every change of a "slow" key moves
-  agents/<run>/count, agents/<run>/agent-<i>
-                                 the list of agents that ever joined (witnesses are read from it)
+Its store keys (agents/<run>/...) are listed with every other in trainsup/names.py.
 """
 import collections
 import json
 import threading
 import time
 
+from . import names
 from .telemetry import peek
 
 
@@ -107,7 +97,7 @@ class HostLiveness:
         self.store.set(self._key(host, "node"), self._node)
         if peek(self.store, self._key(host, "slow")):
             self._publish_slow()  # an earlier agent of this host left it slow: this one starts afresh
-        self.store.set(f"agents/{run_id}/agent-{self.store.add(f'agents/{run_id}/count', 1) - 1}", host)
+        self.store.set(names.agent_list_key(run_id, self.store.add(names.agents_count_key(run_id), 1) - 1), host)
         self.beat()
         self._threads = [threading.Thread(target=self._loop, args=(fn,), name=f"trainsup-agent-{name}", daemon=True)
                          for name, fn in (("keepalive", self.beat), ("watch", self.check))] if start else []
@@ -115,10 +105,10 @@ class HostLiveness:
             t.start()
 
     def _key(self, host, name):
-        return f"agents/{self.run_id}/{host}/{name}"
+        return names.agent_key(self.run_id, host, name)
 
     def _round_key(self, rnd, group_rank):
-        return f"agents/{self.run_id}/round-{rnd}/{group_rank}"
+        return names.round_key(self.run_id, rnd, group_rank)
 
     def beat(self):
         """Renews this agent's keep-alive (the keep-alive thread calls it every interval_s) and
@@ -150,12 +140,12 @@ class HostLiveness:
         self.store.set(self._key(self.host, "slow"), json.dumps(
             {"round_trip_ms": round(median * 1000, 1), "baseline_ms": round((self.baseline_s or 0) * 1000, 2)})
             if self.slow else "")
-        self.store.add(f"agents/{self.run_id}/slow_changes", 1)
+        self.store.add(names.slow_changes_key(self.run_id), 1)
 
     def slow_hosts(self, hosts):
         """Those of `hosts` whose agents say their links are slow now. One store read while
         nothing changed (the coordinator's agent asks every second, whatever the job's size)."""
-        changes = peek(self.store, f"agents/{self.run_id}/slow_changes")
+        changes = peek(self.store, names.slow_changes_key(self.run_id))
         if changes is None:
             return []
         key = (changes, tuple(hosts))
@@ -232,10 +222,10 @@ class HostLiveness:
 
     def _witness_hosts(self, watched):
         """Up to `witnesses` other agents of the job (any round, spares too), not watched."""
-        count = int(peek(self.store, f"agents/{self.run_id}/count") or 0)
+        count = int(peek(self.store, names.agents_count_key(self.run_id)) or 0)
         hosts = []
         for i in range(count):
-            h = peek(self.store, f"agents/{self.run_id}/agent-{i}")
+            h = peek(self.store, names.agent_list_key(self.run_id, i))
             if h and h != self.host and h not in watched and h not in hosts:
                 hosts.append(h)
         return hosts[-self.witnesses:] if self.witnesses > 0 else []

@@ -16,13 +16,14 @@ import subprocess
 import time
 
 from ._trainsup import EXIT_QUARANTINED  # noqa: F401  (trainsup/exit_codes.h: 95)
+from .names import quarantine_dir, quarantine_key
 
 DEFAULT_TTL_S = 24 * 3600
 
 
 def default_dir():
-    return os.environ.get("TRAINSUP_QUARANTINE_DIR") or os.path.join(
-        os.environ.get("TRAINSUP_RUN_DIR", "trainsup-run"), "quarantine")
+    return os.environ.get("TRAINSUP_QUARANTINE_DIR") or quarantine_dir(
+        os.environ.get("TRAINSUP_RUN_DIR", "trainsup-run"))
 
 
 def _safe(host):
@@ -58,7 +59,7 @@ class Quarantine:
         finally:
             os.close(fd)
         if self.store is not None:
-            self.store.set(f"trainsup/quarantine/{host}", json.dumps(record))
+            self.store.set(quarantine_key(host), json.dumps(record))
         return record
 
     def remove(self, host):
@@ -69,7 +70,7 @@ class Quarantine:
             removed = False
         if self.store is not None:
             try:
-                self.store.delete_key(f"trainsup/quarantine/{host}")
+                self.store.delete_key(quarantine_key(host))
             except Exception:
                 pass
         return removed
@@ -84,7 +85,7 @@ class Quarantine:
             record = None
         if record is None and self.store is not None:
             from .telemetry import peek
-            text = peek(self.store, f"trainsup/quarantine/{host}")
+            text = peek(self.store, quarantine_key(host))
             record = json.loads(text) if text else None
         if record is not None and record.get("expiry", 0) <= time.time():
             return None

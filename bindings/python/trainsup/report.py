@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from . import names
+
 
 def _events(path):
     out = []
@@ -34,14 +36,14 @@ def _events(path):
 
 
 def load(run_dir, logs_dir=None):
-    agents = [e for p in sorted(glob.glob(os.path.join(run_dir, "agent-*.events.jsonl"))) for e in _events(p)]
+    agents = [e for p in sorted(glob.glob(names.agent_events_file(run_dir, "*"))) for e in _events(p)]
     if logs_dir is None:
         guess = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "logs")
         logs_dir = os.environ.get("TRAINSUP_LOG_DIR") or guess
     ranks = [e for p in sorted(glob.glob(os.path.join(logs_dir, "*.events.jsonl"))) for e in _events(p)]
     for e in ranks:
         e["time"] = e.get("wall_s", 0.0)
-    faults = _events(os.path.join(run_dir, "faults.jsonl"))
+    faults = _events(names.faults_file(run_dir))
     return agents, ranks, faults
 
 

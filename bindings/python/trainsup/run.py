@@ -36,6 +36,7 @@ import sys
 import uuid
 
 from . import _torchrun_compat as compat
+from . import names
 from ._trainsup import DETECTOR_DEFAULTS, check_collective_budgets
 from .ports import free_port
 
@@ -54,8 +55,8 @@ OUR_FLAGS = {
 }
 
 
-def _has(argv, *names):
-    return any(a == n or a.startswith(n + "=") for a in argv for n in names)
+def _has(argv, *flags):
+    return any(a == f or a.startswith(f + "=") for a in argv for f in flags)
 
 
 def _setting(args, flag):
@@ -121,7 +122,7 @@ def main(argv=None):
     bind = _setting(args, "--coordinator-bind")
     settings = {
         "run_dir": run_dir,
-        "quarantine_dir": os.path.abspath(_setting(args, "--quarantine-dir") or os.path.join(run_dir, "quarantine")),
+        "quarantine_dir": os.path.abspath(_setting(args, "--quarantine-dir") or names.quarantine_dir(run_dir)),
         "quarantine_ttl_s": float(_setting(args, "--quarantine-ttl-s")),
         "quarantine_commands": os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", ""),
         "preflight_command": os.environ.get("TRAINSUP_PREFLIGHT_COMMAND", ""),

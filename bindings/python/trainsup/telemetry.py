@@ -26,10 +26,10 @@ import threading
 import time
 
 from . import _trainsup
+from .names import telemetry_key
 
 
-def _key(job_id, name):
-    return f"trainsup/telemetry/{job_id}/{name}"
+_key = telemetry_key  # trainsup/names.py
 
 
 def _text(value):

@@ -1,0 +1,75 @@
+"""Every rendezvous-store key and file name the launcher side of trainsup uses, in one place
+(as leveldb's db/filename.cc does for its files), so that a reader finds what is stored where,
+and two modules cannot drift apart on a spelling. The ranks' own names (rank logs, event logs,
+checkpoint directories and shards, commit keys) are the C++ library's: Supervisor.log_file,
+Supervisor.event_log, trainsup._trainsup.checkpoint_dir_name; docs/checkpoint-format.md.
+
+Store keys (the launcher's agents use a PrefixStore "trainsup/" over the rendezvous store):
+  telemetry/<job>/token          the job token (first agent to compare-set it wins)
+  telemetry/<job>/coordinator    "host:port/epoch" of the elected coordinator
+  telemetry/<job>/ranks          JSON rank table: [rank, local_rank, host, gpu] for each rank
+  telemetry/<job>/verdict        the round's first fatal verdict (JSON)
+  agents/<run>/<host>/beat       the agent's keep-alive counter
+  agents/<run>/<host>/node       JSON [fqdn, pid, local_id]: its node in torch's rendezvous
+  agents/<run>/<host>/left       the node JSON of an agent that ended on purpose
+  agents/<run>/<host>/slow       JSON {"round_trip_ms", "baseline_ms"} while its link is slow
+  agents/<run>/<host>/lost-claim/<node>
+                                 which agent quarantines a lost host (the first to claim it)
+  agents/<run>/round-<r>/<g>     the host of group rank g in round r
+  agents/<run>/count, agents/<run>/agent-<i>
+                                 every agent that ever joined (the witnesses)
+  agents/<run>/slow_changes      moves whenever a host's "slow" key changes
+  trainsup/quarantine/<host>     the quarantine record mirrored in the store
+<job> is "<run id>.<round>"; <run> is torchrun's run id.
+
+Files (under the launcher's run directory):
+  agent-<host>.events.jsonl      an agent's event log (docs/events.md)
+  faults.jsonl                   fault markers written by test scenarios, read by `trainsup report`
+  quarantine/<host>.json         quarantine records (unless --quarantine-dir says otherwise)
+"""
+import json
+import os
+
+
+def telemetry_key(job_id, name):
+    return f"trainsup/telemetry/{job_id}/{name}"
+
+
+def agent_key(run_id, host, name):
+    return f"agents/{run_id}/{host}/{name}"
+
+
+def lost_claim_key(run_id, host, node_desc):
+    return agent_key(run_id, host, f"lost-claim/{json.dumps(node_desc)}")
+
+
+def round_key(run_id, rnd, group_rank):
+    return f"agents/{run_id}/round-{rnd}/{group_rank}"
+
+
+def agents_count_key(run_id):
+    return f"agents/{run_id}/count"
+
+
+def agent_list_key(run_id, index):
+    return f"agents/{run_id}/agent-{index}"
+
+
+def slow_changes_key(run_id):
+    return f"agents/{run_id}/slow_changes"
+
+
+def quarantine_key(host):
+    return f"trainsup/quarantine/{host}"
+
+
+def agent_events_file(run_dir, host):
+    return os.path.join(run_dir, f"agent-{host}.events.jsonl")
+
+
+def faults_file(run_dir):
+    return os.path.join(run_dir, "faults.jsonl")
+
+
+def quarantine_dir(run_dir):
+    return os.path.join(run_dir, "quarantine")
