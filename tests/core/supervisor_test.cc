@@ -106,22 +106,30 @@ TEST(SupervisorTest, BadConfigFailsCreateWithTheSettingsName) {
   EXPECT_NE(sup.status().message().find("/proc/cannot/create/here"), std::string::npos);
 }
 
+// Stands in for the process exit: records the first code (later calls are counted only).
+struct ExitRecorder {
+  std::promise<int> exited;
+  std::atomic<int> exits{0};
+  Supervisor::Options options() {
+    Supervisor::Options opts;
+    opts.exit_process = [this](int code) {
+      if (exits.fetch_add(1) == 0) exited.set_value(code);
+    };
+    return opts;
+  }
+};
+
 TEST(SupervisorTest, StallIsLoggedDumpedAbortedAndExited) {
   std::string dir = tempDir();
   Config c = testConfig(dir);
   c.section_budgets_s["step"] = 0.3;
-  std::promise<int> exited;
-  std::atomic<int> exits{0};
-  Supervisor::Options opts;
-  opts.exit_process = [&](int code) {
-    if (exits.fetch_add(1) == 0) exited.set_value(code);
-  };
-  auto sup = Supervisor::create(c, opts);
+  ExitRecorder exit;
+  auto sup = Supervisor::create(c, exit.options());
   ASSERT_TRUE(sup.isOk()) << sup.status().toString();
   std::atomic<int> callback_step{-100};
   (*sup)->addAbortCallback("record", [&](const StallReport& r) { callback_step = static_cast<int>(r.step); });
   (*sup)->addAbortCallback("throws", [](const StallReport&) { throw std::runtime_error("boom"); });
-  auto fut = exited.get_future();
+  auto fut = exit.exited.get_future();
   {
     auto step = (*sup)->step(17);
     // This thread is the training loop, and it now stalls inside step 17.
@@ -130,7 +138,7 @@ TEST(SupervisorTest, StallIsLoggedDumpedAbortedAndExited) {
   EXPECT_EQ(fut.get(), kExitStall);
   EXPECT_EQ(callback_step.load(), 17);
   (*sup)->close();
-  EXPECT_EQ(exits.load(), 1);
+  EXPECT_EQ(exit.exits.load(), 1);
 
   std::string log = slurp((*sup)->logFilePath());
   EXPECT_NE(log.find("STALL: section 'step' (step 17)"), std::string::npos) << log;
@@ -258,16 +266,11 @@ TEST(SupervisorTest, AStallWhileWaitingInACollectiveWaitsForTheCoordinatorThenEx
   // A failed collective before (counted in completed too) must not count as one still waiting.
   CollectiveTracker::global().end(CollectiveTracker::global().begin(CollectiveOp::kBroadcast, 8), false);
   c.job_token = std::string(32, 'a');
-  std::promise<int> exited;
-  std::atomic<int> exits{0};
-  Supervisor::Options opts;
-  opts.exit_process = [&](int code) {
-    if (exits.fetch_add(1) == 0) exited.set_value(code);
-  };
-  auto sup = Supervisor::create(c, opts);
+  ExitRecorder exit;
+  auto sup = Supervisor::create(c, exit.options());
   ASSERT_TRUE(sup.isOk()) << sup.status().toString();
   const uint64_t seq = CollectiveTracker::global().begin(CollectiveOp::kAllreduce, 4096);
-  auto fut = exited.get_future();
+  auto fut = exit.exited.get_future();
   const auto t0 = std::chrono::steady_clock::now();
   {
     auto step = (*sup)->step(3);
