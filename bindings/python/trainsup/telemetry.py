@@ -29,9 +29,6 @@ from . import _trainsup
 from .names import telemetry_key
 
 
-_key = telemetry_key  # trainsup/names.py
-
-
 def _text(value):
     return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
@@ -60,7 +57,7 @@ def peek(store, key):
 def publish_verdict(store, job_id, verdict, replaces=()):
     """Makes `verdict` the job round's first fatal verdict unless one is there already (or the
     one there is of a kind in `replaces`). Returns the verdict in force."""
-    key = _key(job_id, "verdict")
+    key = telemetry_key(job_id, "verdict")
     text = json.dumps(verdict)
     current = _text(compare_set(store, key, "", text))
     while current != text:
@@ -76,7 +73,7 @@ def publish_verdict(store, job_id, verdict, replaces=()):
 
 def rank_table(store, job_id):
     """[[rank, local_rank, host, gpu], ...] as the job round's coordinator last published it."""
-    text = peek(store, _key(job_id, "ranks"))
+    text = peek(store, telemetry_key(job_id, "ranks"))
     return [list(r) for r in json.loads(text)] if text else []
 
 
@@ -133,13 +130,13 @@ class NodeServices:
         mine = secrets.token_hex(16)
         if self.store is None:
             return mine
-        return _text(compare_set(self.store, _key(self.job_id, "token"), "", mine))
+        return _text(compare_set(self.store, telemetry_key(self.job_id, "token"), "", mine))
 
     def _published(self):
         if self.store is None:
             return self.following or ""
         try:
-            return peek(self.store, _key(self.job_id, "coordinator")) or ""
+            return peek(self.store, telemetry_key(self.job_id, "coordinator")) or ""
         except Exception:  # the store itself is unreachable: keep what we follow
             return self.following or ""
 
@@ -173,7 +170,7 @@ class NodeServices:
         if self.store is None:
             won = self._mine
         else:
-            won = _text(compare_set(self.store, _key(self.job_id, "coordinator"), expected, self._mine))
+            won = _text(compare_set(self.store, telemetry_key(self.job_id, "coordinator"), expected, self._mine))
         if won == self._mine:
             if self.coordinator is not None:
                 self.coordinator.stop()
@@ -202,7 +199,7 @@ class NodeServices:
             table = [list(r) for r in c.known_ranks() if r[2]]
             text = json.dumps(table)
             if text != getattr(self, "_last_table", None):
-                self.store.set(_key(self.job_id, "ranks"), text)
+                self.store.set(telemetry_key(self.job_id, "ranks"), text)
                 self._last_table = text
 
     def _run(self):
@@ -256,7 +253,7 @@ class NodeServices:
             with self._lock:
                 return self.verdicts[0] if self.verdicts else None
         try:
-            text = peek(self.store, _key(self.job_id, "verdict"))
+            text = peek(self.store, telemetry_key(self.job_id, "verdict"))
             if text:
                 return json.loads(text)
         except Exception:
