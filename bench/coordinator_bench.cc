@@ -25,6 +25,7 @@
 #include <random>
 #include <thread>
 
+#include "telemetry/telemetry_wire.h"
 #include "trainsup/coordinator.h"
 
 namespace {

@@ -9,7 +9,7 @@
 #include "mem_file_system.h"
 #include "trainsup/checkpoint_format.h"
 #include "trainsup/checkpointer.h"
-#include "trainsup/telemetry_wire.h"
+#include "telemetry/telemetry_wire.h"
 
 namespace trainsup::fuzz {
 

@@ -1,4 +1,4 @@
-// Fuzz target: the telemetry frame decoder (trainsup/telemetry_wire.h), which every coordinator
+// Fuzz target: the telemetry frame decoder (telemetry/telemetry_wire.h), which every coordinator
 // and node monitor runs on bytes from any peer that can reach its port.
 //
 // Input: byte 0 picks the chunk size the stream is fed in (1..64 bytes, as a socket may split
@@ -6,7 +6,7 @@
 // worth, every message it yields has at most kRecordsPerFrame records of its type only, and
 // re-encoding a yielded message and decoding it again gives the same message.
 #include "fuzz_entry.h"
-#include "trainsup/telemetry_wire.h"
+#include "telemetry/telemetry_wire.h"
 
 namespace {
 

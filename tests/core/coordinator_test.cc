@@ -1,5 +1,6 @@
 // The coordinator over real loopback TCP: ranks (as threads) send token-authenticated
 // telemetry; a rank that stops, or whose connection closes, is named with its host.
+#include "telemetry/telemetry_wire.h"
 #include "trainsup/coordinator.h"
 #include "verdict_sink.h"
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "trainsup/coordinator.h"
+#include "telemetry/telemetry_wire.h"
 #include "trainsup/node_monitor.h"
 #include "verdict_sink.h"
 

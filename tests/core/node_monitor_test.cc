@@ -12,7 +12,7 @@
 #include <future>
 
 #include "trainsup/coordinator.h"
-#include "trainsup/telemetry_client.h"
+#include "telemetry/telemetry_client.h"
 #include "verdict_sink.h"
 
 namespace trainsup {

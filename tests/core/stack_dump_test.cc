@@ -1,4 +1,4 @@
-#include "trainsup/stack_dump.h"
+#include "rank/stack_dump.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

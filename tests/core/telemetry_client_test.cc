@@ -1,7 +1,7 @@
 // Ranks (threads with their own trackers) report through TelemetryClients to a Coordinator
 // over loopback: a rank that does not enter a collective is named after the budget; a rank
 // whose client goes away is named at once.
-#include "trainsup/telemetry_client.h"
+#include "telemetry/telemetry_client.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // The telemetry wire format: round trips, byte-by-byte streaming, and property tests that
 // random and mutated input never crashes the decoder, never yields a message without the
 // token, and never makes it buffer more than one maximal frame.
-#include "trainsup/telemetry_wire.h"
+#include "telemetry/telemetry_wire.h"
 
 #include <gtest/gtest.h>
 

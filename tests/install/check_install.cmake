@@ -1,5 +1,5 @@
 # Installs the build tree into a fresh prefix, then configures, builds and runs an out-of-tree
-# consumer that does find_package(trainsup) and links trainsup::supervisor.
+# consumer that does find_package(trainsup) and links trainsup::supervisor and trainsup::agent.
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
 function(run)
@@ -20,6 +20,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_PREFIX_PATH=$
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${CMAKE_COMMAND} -E env TRAINSUP_LOG_DIR=${WORK_DIR}/logs TRAINSUP_NODE_NAME=consumer-host
     ${WORK_DIR}/build/consumer)
+run(${WORK_DIR}/build/consumer_agent)
 file(GLOB logs ${WORK_DIR}/logs/local-consumer-host-r0.log)
 if(NOT logs)
   message(FATAL_ERROR "the consumer did not write its rank log under ${WORK_DIR}/logs")
