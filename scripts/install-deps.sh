@@ -16,6 +16,7 @@ packages=(
   libxxhash-dev                           # checkpoint checksums (XXH3)
   libboost-dev                            # Boost.Asio: telemetry to the job coordinator
   libgtest-dev libgmock-dev               # C++ tests
+  clang                                   # thread-safety analysis (ctest layers.thread_safety), fuzzing
   libcli11-dev                            # example trainer flags
   python3 python3-dev python3-venv        # the interpreter the venv is made from
   etcd-server                             # the etcd-v2 rendezvous: a store that outlives any host

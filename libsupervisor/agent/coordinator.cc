@@ -10,6 +10,7 @@
 
 #include "telemetry/telemetry_wire.h"
 #include "trainsup/clock.h"
+#include "trainsup/mutex.h"
 
 namespace trainsup {
 
@@ -44,15 +45,15 @@ struct Coordinator::Impl {
   bool aborted = false;
   void broadcastAbort(const Verdict& v);
 
-  mutable std::mutex counters_mu;
-  Counters counters;  // guarded by counters_mu
-  std::vector<RankInfo> known;  // guarded by counters_mu: updated by hellos
+  mutable Mutex counters_mu;
+  Counters counters TRAINSUP_GUARDED_BY(counters_mu);
+  std::vector<RankInfo> known TRAINSUP_GUARDED_BY(counters_mu);  // updated by hellos
   std::once_flag stopped;
 
   void accept();
   void tick();
   void count(uint64_t Counters::*field, uint64_t n = 1) {
-    std::lock_guard<std::mutex> lock(counters_mu);
+    MutexLock lock(counters_mu);
     counters.*field += n;
   }
 };
@@ -119,7 +120,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         info.gpu = h.gpu;
         o.detector->setRankInfo(info);
         {
-          std::lock_guard<std::mutex> lock(o.counters_mu);
+          MutexLock lock(o.counters_mu);
           if (h.rank >= 0 && static_cast<size_t>(h.rank) < o.known.size()) mergeRankInfo(o.known[h.rank], info);
         }
       }
@@ -248,7 +249,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(std::vector<RankInfo> ra
   impl->token = token;
   impl->options = options;
   impl->on_verdict = std::move(on_verdict);
-  impl->known = ranks;
+  {
+    MutexLock lock(impl->counters_mu);  // not shared yet; held for the analysis
+    impl->known = ranks;
+  }
   std::vector<int> heard_before;
   for (const auto& r : ranks) {
     if (!r.host.empty()) heard_before.push_back(r.rank);
@@ -308,12 +312,12 @@ void Coordinator::stop() {
 }
 
 std::vector<RankInfo> Coordinator::knownRanks() const {
-  std::lock_guard<std::mutex> lock(impl_->counters_mu);
+  MutexLock lock(impl_->counters_mu);
   return impl_->known;
 }
 
 Coordinator::Counters Coordinator::counters() const {
-  std::lock_guard<std::mutex> lock(impl_->counters_mu);
+  MutexLock lock(impl_->counters_mu);
   return impl_->counters;
 }
 

@@ -1,4 +1,5 @@
 #include "trainsup/node_monitor.h"
+#include "trainsup/mutex.h"
 
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -60,13 +61,13 @@ struct NodeMonitor::Impl {
   std::thread thread;
   std::once_flag stopped;
 
-  std::mutex address_mu;
-  std::string host;       // guarded by address_mu
-  uint16_t port = 0;      // guarded by address_mu
-  uint64_t address_generation = 0;  // guarded by address_mu: bumped by setCoordinator
+  Mutex address_mu;
+  std::string host TRAINSUP_GUARDED_BY(address_mu);
+  uint16_t port TRAINSUP_GUARDED_BY(address_mu) = 0;
+  uint64_t address_generation TRAINSUP_GUARDED_BY(address_mu) = 0;  // bumped by setCoordinator
 
-  mutable std::mutex counters_mu;
-  Counters counters;  // guarded by counters_mu
+  mutable Mutex counters_mu;
+  Counters counters TRAINSUP_GUARDED_BY(counters_mu);
 
   // Local ranks.
   std::vector<std::weak_ptr<LocalRank>> locals;
@@ -94,7 +95,7 @@ struct NodeMonitor::Impl {
 
   template <class F>
   void count(F f) {
-    std::lock_guard<std::mutex> lock(counters_mu);
+    MutexLock lock(counters_mu);
     f(counters);
   }
   void accept();
@@ -241,7 +242,7 @@ void NodeMonitor::Impl::connectUpstream() {
   uint16_t p;
   uint64_t generation;
   {
-    std::lock_guard<std::mutex> lock(address_mu);
+    MutexLock lock(address_mu);
     h = host;
     p = port;
     generation = address_generation;
@@ -353,7 +354,7 @@ void NodeMonitor::Impl::tick() {
     if (ec) return;
     uint64_t generation;
     {
-      std::lock_guard<std::mutex> lock(address_mu);
+      MutexLock lock(address_mu);
       generation = address_generation;
     }
     if (up == Up::kConnected && generation != connected_generation) dropUpstream();  // told to move
@@ -382,8 +383,11 @@ Result<std::unique_ptr<NodeMonitor>> NodeMonitor::start(NodeMonitorOptions optio
   auto impl = std::make_shared<Impl>();
   impl->token = token;
   impl->options = options;
-  impl->host = options.coordinator_host;
-  impl->port = options.coordinator_port;
+  {
+    MutexLock lock(impl->address_mu);  // not shared yet; held for the analysis
+    impl->host = options.coordinator_host;
+    impl->port = options.coordinator_port;
+  }
   // A socket file left by a crashed monitor would make bind fail; anything else is not ours.
   struct stat st;
   if (::lstat(options.socket_path.c_str(), &st) == 0) {
@@ -415,7 +419,7 @@ NodeMonitor::~NodeMonitor() {
 }
 
 void NodeMonitor::setCoordinator(const std::string& host, uint16_t port) {
-  std::lock_guard<std::mutex> lock(impl_->address_mu);
+  MutexLock lock(impl_->address_mu);
   impl_->host = host;
   impl_->port = port;
   ++impl_->address_generation;
@@ -448,7 +452,7 @@ void NodeMonitor::stop() {
 }
 
 NodeMonitor::Counters NodeMonitor::counters() const {
-  std::lock_guard<std::mutex> lock(impl_->counters_mu);
+  MutexLock lock(impl_->counters_mu);
   return impl_->counters;
 }
 

@@ -1,4 +1,5 @@
 #include "trainsup/event_log.h"
+#include "trainsup/mutex.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -21,8 +22,8 @@ struct EventLog::Impl {
   int fd;
   int pid;
 
-  std::mutex mu;
-  uint64_t seq = 0;  // guarded by mu
+  Mutex mu;
+  uint64_t seq TRAINSUP_GUARDED_BY(mu) = 0;
   std::atomic<uint64_t> failed{0};
 };
 
@@ -98,7 +99,7 @@ void EventLog::write(std::string_view event, const EventFields& fields) {
         },
         f.value());
   }
-  std::lock_guard<std::mutex> lock(m.mu);
+  MutexLock lock(m.mu);
   j["seq"] = m.seq++;
   // Invalid UTF-8 (e.g. from a thread name) is replaced rather than thrown on.
   std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

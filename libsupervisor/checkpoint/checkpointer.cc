@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "device/gpu.h"
+#include "trainsup/mutex.h"
 #include "trainsup/version.h"
 
 namespace trainsup {
@@ -134,17 +135,17 @@ struct Checkpointer::Impl {
   double outstanding_save_s = 0;    // time the save call itself took
   double outstanding_waited_s = 0;  // ...of which waiting for the previous persist
 
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  bool busy = false;                // guarded by mu: a job is queued or persisting
-  bool stopping = false;            // guarded by mu
-  bool snapshot_pending = false;    // guarded by mu: the writer is copying an overlapped snapshot
-  Status snapshot_status;           // guarded by mu: how that copy ended
-  double snapshot_copy_s = 0;       // guarded by mu: how long it took
-  std::optional<Job> job;           // guarded by mu
-  Status bg_error;                  // guarded by mu: first unreported persist error
-  Status last_persist;              // guarded by mu
-  Stats stats;                      // guarded by mu
+  mutable Mutex mu;
+  CondVar cv;
+  bool busy TRAINSUP_GUARDED_BY(mu) = false;  // a job is queued or persisting
+  bool stopping TRAINSUP_GUARDED_BY(mu) = false;
+  bool snapshot_pending TRAINSUP_GUARDED_BY(mu) = false;  // the writer is copying an overlapped snapshot
+  Status snapshot_status TRAINSUP_GUARDED_BY(mu);  // how that copy ended
+  double snapshot_copy_s TRAINSUP_GUARDED_BY(mu) = 0;  // how long it took
+  std::optional<Job> job TRAINSUP_GUARDED_BY(mu);
+  Status bg_error TRAINSUP_GUARDED_BY(mu);  // first unreported persist error
+  Status last_persist TRAINSUP_GUARDED_BY(mu);
+  Stats stats TRAINSUP_GUARDED_BY(mu);
   std::thread writer;
 
   void event(std::string_view name, const EventFields& f) {
@@ -161,12 +162,12 @@ struct Checkpointer::Impl {
     return options.interval_s > 0 && now - last_save_time >= fromSeconds(options.interval_s);
   }
   bool isBusy() const {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     return busy;
   }
   void waitNotBusy() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return !busy; });
+    MutexLock lock(mu);
+    cv.wait(mu, [&] { mu.assertHeld(); return !busy; });
   }
 
   enum class Action { kNone, kSave, kSkip };
@@ -174,8 +175,8 @@ struct Checkpointer::Impl {
   Result<Outcome> snapshot(int64_t step, int64_t seq, const Collect& collect);
   Result<Outcome> snapshotOrReport(int64_t step, int64_t seq, const Collect& collect);
   Status awaitSnapshot();
-  // The time the training thread was held by the last snapshot, and Young/Daly from it. Under mu.
-  void recordStall(double stall_s) {
+  // The time the training thread was held by the last snapshot, and Young/Daly from it.
+  void recordStall(double stall_s) TRAINSUP_REQUIRES(mu) {
     stats.last_stall_s = stall_s;
     if (options.mtbf_s > 0) stats.young_daly_s = std::sqrt(2 * stall_s * options.mtbf_s);
   }
@@ -222,10 +223,10 @@ Checkpointer::Checkpointer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 
 Checkpointer::~Checkpointer() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->stopping = true;
   }
-  impl_->cv.notify_all();
+  impl_->cv.notifyAll();
   if (impl_->writer.joinable()) impl_->writer.join();
 }
 
@@ -317,7 +318,7 @@ Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collec
   m.next_decision_step = step + m.sync_steps;
   if (*action == Impl::Action::kNone) return Outcome::kNotDue;
   if (*action == Impl::Action::kSkip) {
-    std::lock_guard<std::mutex> lock(m.mu);
+    MutexLock lock(m.mu);
     ++m.stats.skipped_busy;
   }
   if (*action == Impl::Action::kSkip) {
@@ -338,7 +339,7 @@ Result<Checkpointer::Outcome> Checkpointer::save(int64_t step, const Collect& co
   if (!action) return action.status();
   if (*action == Impl::Action::kSkip) {
     {
-      std::lock_guard<std::mutex> lock(m.mu);
+      MutexLock lock(m.mu);
       ++m.stats.skipped_busy;
     }
     m.event("checkpoint_skipped_busy", {{"step", step}, {"policy", busyPolicyName(m.options.busy_policy)}});
@@ -428,7 +429,7 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
   const double stall = j.stall_s;
   const uint64_t bytes = j.bytes;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     busy = true;
     job = std::move(j);
     ++stats.started;
@@ -439,7 +440,7 @@ Result<Checkpointer::Outcome> Checkpointer::Impl::snapshot(int64_t step, int64_t
       recordStall(stall);
     }
   }
-  cv.notify_all();
+  cv.notifyAll();
   if (overlapped) {
     snapshot_outstanding = true;
     outstanding_step = step;
@@ -460,8 +461,8 @@ Status Checkpointer::Impl::awaitSnapshot() {
   Status copied;
   double copy_s = 0, blocked_s = 0, stall = 0;
   {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return !snapshot_pending; });
+    MutexLock lock(mu);
+    cv.wait(mu, [&] { mu.assertHeld(); return !snapshot_pending; });
     copied = snapshot_status;
     copy_s = snapshot_copy_s;
     blocked_s = toSeconds(clock->monotonicNow() - start);
@@ -478,8 +479,8 @@ void Checkpointer::Impl::writerLoop() {
   for (;;) {
     Job j;
     {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return stopping || job.has_value(); });
+      MutexLock lock(mu);
+      cv.wait(mu, [&] { mu.assertHeld(); return stopping || job.has_value(); });
       if (!job) return;  // stopping with nothing queued
       j = std::move(*job);
       job.reset();
@@ -491,28 +492,28 @@ void Checkpointer::Impl::writerLoop() {
       j.copies.clear();
       j.copy_status = copied;
       {
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(mu);
         snapshot_pending = false;
         snapshot_status = copied;
         snapshot_copy_s = toSeconds(clock->monotonicNow() - copy_start);
       }
-      cv.notify_all();
+      cv.notifyAll();
     }
     try {
       persist(j);
     } catch (const std::exception& e) {
       // A bug or resource failure in one persist must not terminate the training process.
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ++stats.failed;
       Status st = Status::internal(std::string("checkpoint persist: ") + e.what());
       if (bg_error.isOk()) bg_error = st;
       last_persist = st;
     }
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       busy = false;
     }
-    cv.notify_all();
+    cv.notifyAll();
   }
 }
 
@@ -547,7 +548,7 @@ void Checkpointer::Impl::persist(Job& j) {
   if (result.isOk()) {
     double yd = 0;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ++stats.committed;
       stats.last_committed_step = j.step;
       stats.last_persist_s = persist_s;
@@ -569,7 +570,7 @@ void Checkpointer::Impl::persist(Job& j) {
                              (yd > 0 ? ", Young/Daly interval " + std::to_string(yd) + " s" : "") + ")");
   } else {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ++stats.failed;
       if (bg_error.isOk()) bg_error = result;
       last_persist = result;
@@ -677,22 +678,22 @@ void Checkpointer::Impl::applyRetention(int64_t committed_step) {
 
 Status Checkpointer::waitIdle(Nanos timeout) {
   impl_->awaitSnapshot();
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  if (!impl_->cv.wait_for(lock, timeout, [&] { return !impl_->busy; })) {
+  MutexLock lock(impl_->mu);
+  if (!impl_->cv.waitFor(impl_->mu, timeout, [&] { impl_->mu.assertHeld(); return !impl_->busy; })) {
     return Status::timedOut("checkpoint persist still running after " + std::to_string(toSeconds(timeout)) + " s");
   }
   return impl_->last_persist;
 }
 
 Status Checkpointer::takeError() {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   Status s = impl_->bg_error;
   impl_->bg_error = Status::ok();
   return s;
 }
 
 Checkpointer::Stats Checkpointer::stats() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->stats;
 }
 

@@ -2,18 +2,18 @@
 // itself lives in device/cuda/nccl_abort.cc (abortNcclCommunicator, loadNccl), or is reported as
 // unavailable in builds without NCCL.
 #include <algorithm>
-#include <mutex>
 #include <vector>
 
+#include "trainsup/mutex.h"
 #include "trainsup/nccl.h"
 
 namespace trainsup {
 namespace {
-std::mutex& registryMutex() {
-  static std::mutex mu;
+Mutex& registryMutex() {
+  static Mutex mu;
   return mu;
 }
-std::vector<void*>& registry() {
+std::vector<void*>& registry() TRAINSUP_REQUIRES(registryMutex()) {
   static std::vector<void*> comms;
   return comms;
 }
@@ -21,26 +21,26 @@ std::vector<void*>& registry() {
 
 void registerNcclCommunicator(void* comm) {
   if (comm == nullptr) return;
-  std::lock_guard<std::mutex> lock(registryMutex());
+  MutexLock lock(registryMutex());
   auto& r = registry();
   if (std::find(r.begin(), r.end(), comm) == r.end()) r.push_back(comm);
 }
 
 void unregisterNcclCommunicator(void* comm) {
-  std::lock_guard<std::mutex> lock(registryMutex());
+  MutexLock lock(registryMutex());
   auto& r = registry();
   r.erase(std::remove(r.begin(), r.end(), comm), r.end());
 }
 
 int registeredNcclCommunicators() {
-  std::lock_guard<std::mutex> lock(registryMutex());
+  MutexLock lock(registryMutex());
   return static_cast<int>(registry().size());
 }
 
 NcclAbortResult abortNcclCommunicators() {
   std::vector<void*> comms;
   {
-    std::lock_guard<std::mutex> lock(registryMutex());
+    MutexLock lock(registryMutex());
     comms.swap(registry());
   }
   NcclAbortResult result;

@@ -1,4 +1,5 @@
 #include "trainsup/progress.h"
+#include "trainsup/mutex.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -19,7 +20,7 @@ ProgressTracker::ProgressTracker(Nanos start, int warmup_count)
 
 Result<SectionId> ProgressTracker::intern(std::string_view name) {
   if (name.empty()) return Status::invalidArgument("section name must not be empty");
-  std::lock_guard<std::mutex> lock(names_mu_);
+  MutexLock lock(names_mu_);
   for (int i = 0; i < name_count_; ++i) {
     if (names_[i] == name) return i;
   }
@@ -32,7 +33,7 @@ Result<SectionId> ProgressTracker::intern(std::string_view name) {
 }
 
 std::string ProgressTracker::sectionName(SectionId id) const {
-  std::lock_guard<std::mutex> lock(names_mu_);
+  MutexLock lock(names_mu_);
   if (id < 0 || id >= name_count_) return "section#" + std::to_string(id);
   return names_[id];
 }

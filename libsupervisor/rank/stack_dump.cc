@@ -4,6 +4,7 @@
 // backtrace is safe once libgcc_s is loaded, which install() forces) and a write() to an
 // eventfd that the dumping thread polls. Symbolization happens afterwards, on the caller.
 #include "rank/stack_dump.h"
+#include "trainsup/mutex.h"
 
 #include <cxxabi.h>
 #include <dirent.h>
@@ -41,7 +42,7 @@ struct Slot {
 Slot g_slots[kMaxThreads];
 std::atomic<int> g_current{-1};  // index of the slot being asked for, or -1
 std::atomic<int> g_event_fd{-1};
-std::mutex g_dump_mu;
+Mutex g_dump_mu;
 std::once_flag g_install_once;
 bool g_installed = false;
 
@@ -161,7 +162,7 @@ int stackDumpSignal() { return SIGRTMIN + 6; }
 void prepareStackDumps() { std::call_once(g_install_once, install); }
 
 StackDump dumpAllThreadStacks(std::chrono::milliseconds timeout) {
-  std::lock_guard<std::mutex> lock(g_dump_mu);
+  MutexLock lock(g_dump_mu);
   prepareStackDumps();
   StackDump dump;
   const int self = currentTid();

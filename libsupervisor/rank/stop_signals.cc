@@ -1,4 +1,5 @@
 #include "rank/stop_signals.h"
+#include "trainsup/mutex.h"
 
 #include <signal.h>
 #include <time.h>
@@ -15,10 +16,10 @@ namespace {
 std::atomic<int> g_requested{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-free flag");
 
-std::mutex g_mu;
-bool g_installed = false;          // guarded by g_mu
-struct sigaction g_old_term;       // guarded by g_mu
-struct sigaction g_old_int;        // guarded by g_mu
+Mutex g_mu;
+bool g_installed TRAINSUP_GUARDED_BY(g_mu) = false;
+struct sigaction g_old_term TRAINSUP_GUARDED_BY(g_mu);
+struct sigaction g_old_int TRAINSUP_GUARDED_BY(g_mu);
 
 std::atomic<pid_t> g_owner{0};
 std::atomic<int64_t> g_first_ns{0};                // when the first signal came (CLOCK_MONOTONIC)
@@ -53,7 +54,7 @@ void onStopSignal(int sig) {
 }  // namespace
 
 bool install() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(g_mu);
   if (g_installed) return false;
   g_requested.store(0);
   g_owner.store(getpid());
@@ -69,7 +70,7 @@ bool install() {
 }
 
 void uninstall() {
-  std::lock_guard<std::mutex> lock(g_mu);
+  MutexLock lock(g_mu);
   if (!g_installed) return;
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaction(SIGINT, &g_old_int, nullptr);

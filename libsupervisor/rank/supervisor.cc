@@ -23,6 +23,7 @@
 #include "trainsup/collective_tracker.h"
 #include "rank/stop_signals.h"
 #include "device/gpu.h"
+#include "trainsup/mutex.h"
 #include "trainsup/nccl.h"
 #include "rank/stack_dump.h"
 #include "telemetry/telemetry_client.h"
@@ -61,9 +62,10 @@ struct Supervisor::Impl {
   std::atomic<bool> closed{false};
   int seen_stop_signal = 0;  // watchdog thread only (close() after the watchdog stopped)
 
-  std::mutex callbacks_mu;
-  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> callbacks;  // guarded
-  std::vector<std::pair<std::string, std::function<std::string()>>> dump_hooks;           // guarded
+  Mutex callbacks_mu;
+  std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> callbacks
+      TRAINSUP_GUARDED_BY(callbacks_mu);
+  std::vector<std::pair<std::string, std::function<std::string()>>> dump_hooks TRAINSUP_GUARDED_BY(callbacks_mu);
 
   void onTick();
   void onWarn(const StallReport& r);
@@ -88,10 +90,10 @@ struct Supervisor::Impl {
   void emergency(const std::string& message, int code);
   void terminate(int code);
   // The coordinator's abort order arrived (close(failed) waits for it briefly).
-  std::mutex abort_mu;
-  std::condition_variable abort_cv;
-  bool abort_ordered = false;   // guarded by abort_mu
-  bool abort_finished = false;  // guarded by abort_mu: the abort path returned (test exit hooks only)
+  Mutex abort_mu;
+  CondVar abort_cv;
+  bool abort_ordered TRAINSUP_GUARDED_BY(abort_mu) = false;
+  bool abort_finished TRAINSUP_GUARDED_BY(abort_mu) = false;  // the abort path returned (test exit hooks only)
   ~Impl() {
     if (emergency_fd >= 0) ::close(emergency_fd);
   }
@@ -149,7 +151,7 @@ void Supervisor::Impl::runAbortCallbacks(const StallReport& r) {
   }
   std::vector<std::pair<std::string, std::function<void(const StallReport&)>>> cbs;
   {
-    std::lock_guard<std::mutex> lock(callbacks_mu);
+    MutexLock lock(callbacks_mu);
     cbs = callbacks;
   }
   for (auto& [name, cb] : cbs) {
@@ -199,7 +201,7 @@ void Supervisor::Impl::dumpStacks(std::chrono::milliseconds timeout) {
   for (const std::string& line : formatStackDump(dump)) log.error("{}", line);
   std::vector<std::pair<std::string, std::function<std::string()>>> hooks;
   {
-    std::lock_guard<std::mutex> lock(callbacks_mu);
+    MutexLock lock(callbacks_mu);
     hooks = dump_hooks;
   }
   std::string extra;
@@ -237,7 +239,7 @@ void Supervisor::Impl::onStall(const StallReport& r) {
   // budgets; past them the coordinator is taken to be gone, and the stall ends the process.
   // (The agent also orders its ranks to abort once the round's verdict is published.)
   {
-    std::lock_guard<std::mutex> lock(abort_mu);
+    MutexLock lock(abort_mu);
     if (abort_ordered) return;  // the coordinator's order is being carried out: it owns the exit
   }
   const uint64_t waiting = CollectiveTracker::global().stats().pending();
@@ -298,13 +300,13 @@ void Supervisor::Impl::onStall(const StallReport& r) {
 // abort callbacks run (e.g. NCCL communicator abort), then the process ends with kExitAborted.
 void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
   {
-    std::lock_guard<std::mutex> lock(abort_mu);
+    MutexLock lock(abort_mu);
     // One order is acted on: the agent repeats the coordinator's when the job's verdict is
     // published, in case the coordinator could not reach this rank.
     if (abort_ordered) return;
     abort_ordered = true;
   }
-  abort_cv.notify_all();
+  abort_cv.notifyAll();
   watchdog->setAbortDeadline(clock->monotonicNow() + fromSeconds(config.abort_grace_s));
   auto& log = *logger.logger;
   log.error("ABORT ordered by the job coordinator: verdict {} on rank {} (host {}); exiting with code {} ({})", a.kind,
@@ -324,10 +326,10 @@ void Supervisor::Impl::onAbortOrder(const WireAbort& a) {
   log.flush();
   terminate(kExitAborted);
   {
-    std::lock_guard<std::mutex> lock(abort_mu);
+    MutexLock lock(abort_mu);
     abort_finished = true;
   }
-  abort_cv.notify_all();
+  abort_cv.notifyAll();
 }
 
 void Supervisor::Impl::onUnresponsive(Nanos silent) {
@@ -464,13 +466,16 @@ Supervisor::~Supervisor() { close(); }
 void Supervisor::close(bool failed) {
   if (impl_->closed.exchange(true)) return;
   if (failed && impl_->telemetry) {
-    std::unique_lock<std::mutex> lock(impl_->abort_mu);
+    MutexLock lock(impl_->abort_mu);
     const double wait_s = std::min(1.0, impl_->config.abort_grace_s);
-    if (impl_->abort_cv.wait_for(lock, std::chrono::duration<double>(wait_s), [&] { return impl_->abort_ordered; })) {
+    if (impl_->abort_cv.waitFor(impl_->abort_mu, std::chrono::duration<double>(wait_s), [&] {
+          impl_->abort_mu.assertHeld();
+          return impl_->abort_ordered;
+        })) {
       // The abort path owns the exit now: it ends the process within abort_grace_s (its
       // watchdog deadline enforces that). Only a test's exit hook returns from it.
-      impl_->abort_cv.wait_for(lock, std::chrono::duration<double>(impl_->config.abort_grace_s + 1),
-                               [&] { return impl_->abort_finished; });
+      impl_->abort_cv.waitFor(impl_->abort_mu, std::chrono::duration<double>(impl_->config.abort_grace_s + 1),
+                               [&] { impl_->abort_mu.assertHeld(); return impl_->abort_finished; });
     }
   }
   // Failed and not ordered to abort: an error of the training code itself. Say so, so that the
@@ -533,12 +538,12 @@ bool Supervisor::stopRequested() const {
 int Supervisor::stopSignal() const { return impl_->owns_signals ? stop_signals::requestedBy() : 0; }
 
 void Supervisor::addAbortCallback(std::string name, std::function<void(const StallReport&)> callback) {
-  std::lock_guard<std::mutex> lock(impl_->callbacks_mu);
+  MutexLock lock(impl_->callbacks_mu);
   impl_->callbacks.emplace_back(std::move(name), std::move(callback));
 }
 
 void Supervisor::addStackDumpHook(std::string name, std::function<std::string()> dump) {
-  std::lock_guard<std::mutex> lock(impl_->callbacks_mu);
+  MutexLock lock(impl_->callbacks_mu);
   impl_->dump_hooks.emplace_back(std::move(name), std::move(dump));
 }
 

@@ -1,4 +1,5 @@
 #include "trainsup/watchdog.h"
+#include "trainsup/mutex.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -32,7 +33,7 @@ Watchdog::Watchdog(ProgressTracker& progress, Clock& clock, WatchdogOptions opti
 Watchdog::~Watchdog() { stop(); }
 
 void Watchdog::start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (started_) throw std::logic_error("trainsup::Watchdog::start() called twice");
   started_ = true;
   heartbeat_changed_at_ = clock_.monotonicNow();
@@ -42,14 +43,14 @@ void Watchdog::start() {
 
 void Watchdog::stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_ || !started_) {
       stopping_ = true;
       return;
     }
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (watch_thread_.joinable()) watch_thread_.join();
   if (monitor_thread_.joinable()) monitor_thread_.join();
 }
@@ -119,15 +120,15 @@ bool Watchdog::checkHeartbeatOnce() {
 
 void Watchdog::setAbortDeadline(Nanos deadline) {
   abort_deadline_ns_.store(std::max<int64_t>(deadline.count(), 1), std::memory_order_release);
-  cv_.notify_all();
+  cv_.notifyAll();
 }
 
 void Watchdog::clearAbortDeadline() { abort_deadline_ns_.store(0, std::memory_order_release); }
 
 void Watchdog::watchLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    if (cv_.wait_for(lock, options_.interval, [this] { return stopping_; })) return;
+    if (cv_.waitFor(mu_, options_.interval, [this] { mu_.assertHeld(); return stopping_; })) return;
     lock.unlock();
     bumpHeartbeat();
     if (hooks_.on_tick) hooks_.on_tick();
@@ -144,13 +145,13 @@ void Watchdog::monitorLoop() {
   // close() racing with a hung abort callback must not switch the deadline off.
   const Nanos period = std::min<Nanos>(options_.interval, options_.heartbeat_timeout / 4);
   auto aborting = [this] { return abort_deadline_ns_.load(std::memory_order_acquire) != 0; };
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     Nanos wait = period;
     if (int64_t d = abort_deadline_ns_.load(std::memory_order_acquire); d != 0) {
       wait = std::clamp(Nanos(d) - clock_.monotonicNow(), Nanos(std::chrono::milliseconds(1)), period);
     }
-    cv_.wait_for(lock, wait, [&] { return stopping_ && !aborting(); });
+    cv_.waitFor(mu_, wait, [&] { mu_.assertHeld(); return stopping_ && !aborting(); });
     if (stopping_ && !aborting()) return;
     lock.unlock();
     bool fired = checkHeartbeatOnce();

@@ -1,4 +1,5 @@
 #include "trainsup/collective_tracker.h"
+#include "trainsup/mutex.h"
 
 #include <algorithm>
 
@@ -29,7 +30,7 @@ CollectiveTracker& CollectiveTracker::global() {
 
 uint64_t CollectiveTracker::begin(CollectiveOp op, uint64_t bytes) {
   const int64_t now = Clock::real().monotonicNow().count();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t seq = ++stats_.last_seq;
   auto i = static_cast<size_t>(op);
   ++stats_.count[i];
@@ -41,7 +42,7 @@ uint64_t CollectiveTracker::begin(CollectiveOp op, uint64_t bytes) {
 
 void CollectiveTracker::end(uint64_t seq, bool ok) {
   const int64_t now = Clock::real().monotonicNow().count();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.completed;
   if (!ok) ++stats_.failed;
   CollectiveRecord& r = ring_[seq % kCapacity];
@@ -52,19 +53,19 @@ void CollectiveTracker::end(uint64_t seq, bool ok) {
 }
 
 void CollectiveTracker::untrack(uint64_t seq) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.untracked;
   CollectiveRecord& r = ring_[seq % kCapacity];
   if (r.seq == seq) r.exit_ns = -1;
 }
 
 CollectiveTracker::Stats CollectiveTracker::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 
 std::vector<CollectiveRecord> CollectiveTracker::recent(size_t n) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t last = stats_.last_seq;
   n = std::min<size_t>({n, kCapacity, static_cast<size_t>(last)});
   std::vector<CollectiveRecord> out;
@@ -74,7 +75,7 @@ std::vector<CollectiveRecord> CollectiveTracker::recent(size_t n) const {
 }
 
 void CollectiveTracker::reset() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stats_ = Stats();
   ring_.fill(CollectiveRecord());
 }

@@ -1,4 +1,5 @@
 #include "trainsup/completion_watcher.h"
+#include "trainsup/mutex.h"
 
 #include <exception>
 #include <utility>
@@ -23,25 +24,25 @@ void CompletionWatcher::ensureThreadLocked() {
 
 void CompletionWatcher::watch(uint64_t seq, Poll poll) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     incoming_.push_back(Entry{seq, std::move(poll)});
     ensureThreadLocked();
   }
-  cv_.notify_one();
+  cv_.notifyOne();
 }
 
 void CompletionWatcher::nudge() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     nudged_ = true;
   }
-  cv_.notify_one();
+  cv_.notifyOne();
 }
 
 size_t CompletionWatcher::pollOnce() {
-  std::lock_guard<std::mutex> poll_lock(poll_mu_);
+  MutexLock poll_lock(poll_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (auto& e : incoming_) active_.push_back(std::move(e));
     incoming_.clear();
     nudged_ = false;
@@ -65,24 +66,24 @@ size_t CompletionWatcher::pollOnce() {
   }
   active_.resize(kept);  // ended entries (and the works they hold) are released here
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     polling_ = kept;
   }
   return ended;
 }
 
 size_t CompletionWatcher::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return incoming_.size() + polling_;
 }
 
 void CompletionWatcher::run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     if (incoming_.empty() && polling_ == 0) {
-      cv_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+      cv_.wait(mu_, [&] { mu_.assertHeld(); return stopping_ || !incoming_.empty(); });
     } else {
-      cv_.wait_for(lock, interval_, [&] { return stopping_ || nudged_; });
+      cv_.waitFor(mu_, interval_, [&] { mu_.assertHeld(); return stopping_ || nudged_; });
     }
     if (stopping_) break;
     lock.unlock();
@@ -94,11 +95,11 @@ void CompletionWatcher::run() {
 void CompletionWatcher::stop() {
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     t = std::move(thread_);
   }
-  cv_.notify_all();
+  cv_.notifyAll();
   if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "trainsup/clock.h"
+#include "trainsup/mutex.h"
 
 namespace trainsup {
 
@@ -23,15 +24,15 @@ struct TelemetryClient::Impl {
   TelemetryClientOptions options;
   CollectiveTracker* tracker = nullptr;
 
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  bool stopping = false;             // guarded by mu
-  // guarded by mu: what to say when stopping; kGoneClosed = nothing (dropConnection)
-  int32_t goodbye_reason = kGoneFinished;
-  std::deque<WireStall> stalls;      // guarded by mu
-  bool stop_requested = false;       // guarded by mu: reportStopping() was called
+  mutable Mutex mu;
+  CondVar cv;
+  bool stopping TRAINSUP_GUARDED_BY(mu) = false;
+  // What to say when stopping; kGoneClosed = nothing (dropConnection).
+  int32_t goodbye_reason TRAINSUP_GUARDED_BY(mu) = kGoneFinished;
+  std::deque<WireStall> stalls TRAINSUP_GUARDED_BY(mu);
+  bool stop_requested TRAINSUP_GUARDED_BY(mu) = false;  // reportStopping() was called
   bool stop_announced = false;       // sender thread: said so on the current connection
-  Counters counters;                 // guarded by mu
+  Counters counters TRAINSUP_GUARDED_BY(mu);
   std::thread thread;
 
   // Sender thread only.
@@ -75,7 +76,7 @@ void TelemetryClient::Impl::pump() {
     ++dropped;
   }
   if (dropped > 0) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     counters.records_dropped += dropped;
   }
 }
@@ -94,7 +95,7 @@ bool TelemetryClient::Impl::connect() {
     socket = std::move(s);
     stop_announced = false;  // a new connection (perhaps a new coordinator) is told again
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       ++counters.connects;
     }
     // Who we are, first: a coordinator that took over learns it from this.
@@ -121,7 +122,7 @@ bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
   std::string frame = encodeFrame(m, options.token);
   boost::system::error_code ec;
   asio::write(*socket, asio::buffer(frame), ec);
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(mu);
   if (ec) {
     ++counters.send_errors;
     return false;
@@ -174,12 +175,13 @@ void TelemetryClient::Impl::loop() {
       // Until the next interval, a stall report or stop; abort orders are read every 20 ms
       // meanwhile, so that every rank acts on one within moments of the others.
       const auto deadline = std::chrono::steady_clock::now() + interval;
-      std::unique_lock<std::mutex> lock(mu);
+      MutexLock lock(mu);
       for (;;) {
         auto until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
         // A stop notice wakes the loop only when there is a connection to say it on; without
         // one, the next interval's reconnect says it (no busy loop while the coordinator is gone).
-        if (cv.wait_until(lock, until, [&] {
+        if (cv.waitUntil(mu, until, [&] {
+              mu.assertHeld();
               return stopping || !stalls.empty() || (stop_requested && !stop_announced && socket != nullptr);
             })) {
           break;
@@ -271,23 +273,23 @@ void TelemetryClient::reportStall(const std::string& section, int64_t step) {
   s.step = step;
   std::strncpy(s.section, section.c_str(), sizeof(s.section) - 1);
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->stalls.push_back(s);
   }
-  impl_->cv.notify_all();
+  impl_->cv.notifyAll();
 }
 
 void TelemetryClient::reportStopping() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->stop_requested = true;
   }
-  impl_->cv.notify_all();
+  impl_->cv.notifyAll();
 }
 
 void TelemetryClient::stopFailed() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->goodbye_reason = kGoneFailed;
   }
   stop();
@@ -295,7 +297,7 @@ void TelemetryClient::stopFailed() {
 
 void TelemetryClient::dropConnection() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     impl_->goodbye_reason = kGoneClosed;
   }
   stop();
@@ -304,16 +306,16 @@ void TelemetryClient::dropConnection() {
 
 void TelemetryClient::stop() {
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(impl_->mu);
     if (impl_->stopping) return;
     impl_->stopping = true;
   }
-  impl_->cv.notify_all();
+  impl_->cv.notifyAll();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
 TelemetryClient::Counters TelemetryClient::counters() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(impl_->mu);
   return impl_->counters;
 }
 

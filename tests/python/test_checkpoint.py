@@ -181,7 +181,7 @@ def test_train_ddp_under_torchrun_with_four_ranks(tmp_path):
 def test_a_broken_newest_checkpoint_is_no_checkpoint_anywhere(tmp_path):
     """One definition of valid: load_checkpoint and the launcher's restart guard skip a newest
     checkpoint whose shard was truncated, as restore does, and say why."""
-    from trainsup.launcher import newest_valid_step
+    from trainsup.restarts import newest_valid_step
     root = tmp_path / "ckpt"
     with trainsup.Supervisor(log_dir=str(tmp_path), checkpoint_dir=str(root), handle_signals=False,
                              checkpoint_keep=3, checkpoint_busy_policy="wait") as sup:

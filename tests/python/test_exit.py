@@ -34,12 +34,12 @@ def test_open_supervisor_is_closed_at_exit(tmp_path):
 def test_every_exit_code_has_one_home_in_cpp():
     """The launcher's codes come from trainsup/exit_codes.h like the ranks' (none defined twice)."""
     import trainsup
-    from trainsup import launcher, quarantine
+    from trainsup import quarantine, restarts
     codes = {"stop_requested": trainsup.EXIT_STOP_REQUESTED, "stall": trainsup.EXIT_STALL,
              "watchdog_unresponsive": trainsup.EXIT_WATCHDOG_UNRESPONSIVE, "bad_config": trainsup.EXIT_BAD_CONFIG,
              "aborted_by_verdict": trainsup.EXIT_ABORTED, "quarantined": trainsup.EXIT_QUARANTINED,
              "do_not_requeue": trainsup.EXIT_DO_NOT_REQUEUE}
     assert {trainsup.exit_code_name(c): c for c in codes.values()} == codes
     assert sorted(codes.values()) == list(range(90, 97))
-    assert quarantine.EXIT_QUARANTINED == 95 and launcher.EXIT_DO_NOT_REQUEUE == 96
+    assert quarantine.EXIT_QUARANTINED == 95 and restarts.EXIT_DO_NOT_REQUEUE == 96
     assert trainsup.exit_code_name(97) == "unknown"

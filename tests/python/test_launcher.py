@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from trainsup.launcher import QUARANTINE_KINDS
+from trainsup.verdict_watch import QUARANTINE_KINDS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCENARIO = os.path.join(REPO, "examples", "launch", "recovery_scenario.py")

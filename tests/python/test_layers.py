@@ -32,3 +32,27 @@ def test_a_rank_that_includes_the_agent_layer_is_named(tmp_path):
     assert r.returncode == 1
     assert "libsupervisor/rank/supervisor.cc:2: layer rank may not include agent's trainsup/coordinator.h" in r.stdout
     assert "node_monitor.h" in r.stdout and "public header includes internal telemetry/telemetry_wire.h" in r.stdout
+
+
+def test_clang_refuses_a_guarded_member_touched_without_its_lock(tmp_path):
+    """The annotations of trainsup/mutex.h are live under Clang (the thread-safety test would
+    pass vacuously if they expanded to nothing): an unlocked write is an error, a locked one is not."""
+    import pytest
+    clang = shutil.which("clang++") or shutil.which("clang++-14")
+    if clang is None:
+        pytest.skip("no clang++")
+    unit = tmp_path / "unit.cc"
+    unit.write_text('''#include "trainsup/mutex.h"
+struct Counter {
+  trainsup::Mutex mu;
+  int value TRAINSUP_GUARDED_BY(mu) = 0;
+  void locked() { trainsup::MutexLock lock(mu); ++value; }
+  void waits(trainsup::CondVar& cv) { trainsup::MutexLock lock(mu); cv.wait(mu, [&] { mu.assertHeld(); return value > 0; }); }
+  void unlocked() { ++value; }
+};
+''')
+    r = subprocess.run([clang, "-std=c++17", "-fsyntax-only", "-Wthread-safety", "-Werror=thread-safety",
+                        "-I", str(ROOT / "libsupervisor" / "base" / "include"), str(unit)], capture_output=True, text=True)
+    assert r.returncode == 1
+    errors = [line for line in r.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "unit.cc:7:" in errors[0] and "requires holding mutex 'mu'" in errors[0], r.stderr

@@ -24,7 +24,7 @@ from ._build_info import check_torch as _check_torch
 
 _check_torch()  # before any extension built against torch is loaded
 
-from . import _trainsup  # noqa: E402
+from . import _compat, _trainsup  # noqa: E402
 from .errors import (CorruptionError, Error, InternalError, InvalidArgumentError, IoError,  # noqa: E402
                      NotFoundError, TimedOutError, UnavailableError)
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint  # noqa: E402
@@ -92,7 +92,7 @@ class Supervisor:
             if not dist.is_initialized():
                 raise RuntimeError("trainsup: checkpoints of several ranks need torch.distributed "
                                    "initialized first (its store carries the commit)")
-            channel = PyStoreChannel(dist.distributed_c10d._get_default_store())
+            channel = PyStoreChannel(_compat.default_store())
         self._sup.enable_checkpoints(channel)
         self._checkpoints = True
 
@@ -250,13 +250,7 @@ def _abort_torch_distributed(section, step):
         return
     if "nccl" not in str(dist.get_backend()).lower():
         return
-    c10d = dist.distributed_c10d
-    if hasattr(c10d, "_abort_process_group"):
-        c10d._abort_process_group()
-    else:
-        import torch
-        pg = c10d._get_default_group()
-        pg._get_backend(torch.device("cuda")).abort()
+    _compat.abort_process_groups(dist)
 
 
 @atexit.register

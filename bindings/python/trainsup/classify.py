@@ -12,6 +12,8 @@ versions). Classes, most specific first:
 
 Only gpu_hardware blames the host by itself; user_code never does.
 """
+import glob
+import os
 import re
 
 _SIGNATURES = [
@@ -71,3 +73,19 @@ def tail(path, max_bytes=64 * 1024):
             return f.read().decode(errors="replace")
     except OSError:
         return ""
+
+
+def classify_attempt(worker_log_dir, run_id):
+    """(local rank, class, line) for each worker of the newest attempt of run `run_id` under
+    torchrun's log directory `worker_log_dir` whose stderr tail has a known failure class."""
+    if not worker_log_dir:
+        return []
+    attempts = sorted(glob.glob(os.path.join(worker_log_dir, f"{run_id}_*", "attempt_*")), key=os.path.getmtime)
+    if not attempts:
+        return []
+    found = []
+    for stderr in sorted(glob.glob(os.path.join(attempts[-1], "*", "stderr.log"))):
+        cls, line = classify(tail(stderr))
+        if cls != "unknown":
+            found.append((os.path.basename(os.path.dirname(stderr)), cls, line))
+    return found

@@ -18,7 +18,7 @@ trainsup. One visible difference: ``group._get_backend(device)`` returns the wra
 """
 import torch.distributed as dist
 
-from . import _trainsup
+from . import _compat, _trainsup
 
 
 def tracking_available():
@@ -33,16 +33,15 @@ def track_process_group(group=None):
     """Puts the tracking wrapper in front of `group`'s backends (default: the default group).
     Returns how many device types it wrapped now; 0 when the group was tracked already."""
     from . import _trainsup_torch
-    group = group if group is not None else dist.distributed_c10d._get_default_group()
+    group = group if group is not None else _compat.default_group()
     return _trainsup_torch.track_process_group(group)
 
 
 def inner_backend(group=None, device="cpu"):
     """The real backend (ProcessGroupGloo, ProcessGroupNCCL, ...) of `group` for `device`,
     behind trainsup's wrapper if there is one."""
-    import torch
-    group = group if group is not None else dist.distributed_c10d._get_default_group()
-    backend = group._get_backend(torch.device(device))
+    group = group if group is not None else _compat.default_group()
+    backend = _compat.group_backend(group, device)
     return getattr(backend, "inner", backend)
 
 

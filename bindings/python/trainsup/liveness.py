@@ -104,6 +104,11 @@ class HostLiveness:
         for t in self._threads:
             t.start()
 
+    @property
+    def round_trip_window(self):
+        """How many keep-alive round trips the slow-link median is taken over."""
+        return self._round_trips.maxlen
+
     def _key(self, host, name):
         return names.agent_key(self.run_id, host, name)
 

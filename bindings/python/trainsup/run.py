@@ -35,7 +35,7 @@ import socket
 import sys
 import uuid
 
-from . import _torchrun_compat as compat
+from . import _compat as compat
 from . import names
 from ._trainsup import DETECTOR_DEFAULTS, check_collective_budgets
 from .ports import free_port
@@ -84,11 +84,8 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     compat.fix_std_parsing()
     compat.prepare_environment()
-    import torch.distributed.run as torchrun
-    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
-
     # torchrun's own parser, with our flags added (they must come before the training script).
-    parser = torchrun.get_args_parser()
+    parser = compat.torchrun_parser()
     parser.prog = "python3 -m trainsup.run"
     for flag in OUR_FLAGS:
         parser.add_argument(flag, dest="trainsup_" + flag[2:].replace("-", "_"), default=None)
@@ -153,20 +150,16 @@ def main(argv=None):
         handlers.append(TrainsupRendezvousHandler(inner_factory(params), settings))
         return handlers[-1]
 
-    try:
-        rendezvous_handler_registry.register("trainsup", create)
-    except ValueError:
-        pass  # registered by an earlier main() in this process
+    compat.register_rendezvous_handler("trainsup", create)
     args.rdzv_backend = "trainsup"
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    try:
-        torchrun.run(args)
-    except SignalException as e:
+
+    def stopped(sig):
         # Stopped from outside (the scheduler's SIGTERM, a Ctrl-C): torchrun skips shutdown() so
         # that the rendezvous stays open, and this host did not die: the others must not name it.
         for h in handlers:
-            h.stopped_by_signal(e.sigval)
-        raise
+            h.stopped_by_signal(sig)
+
+    compat.run_torchrun(args, on_signal=stopped)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@
 
 #include "trainsup/clock.h"
 #include "trainsup/export.h"
+#include "trainsup/mutex.h"
 #include "trainsup/status.h"
 
 namespace trainsup {
@@ -37,9 +38,9 @@ class TRAINSUP_EXPORT LocalCommitChannel final : public CommitChannel {
   size_t size() const;
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<std::string, std::string> values_;  // guarded by mu_
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::map<std::string, std::string> values_ TRAINSUP_GUARDED_BY(mu_);
 };
 
 }  // namespace trainsup

@@ -20,6 +20,7 @@
 #include "trainsup/clock.h"
 #include "trainsup/config.h"
 #include "trainsup/export.h"
+#include "trainsup/mutex.h"
 #include "trainsup/status.h"
 
 namespace trainsup {
@@ -93,9 +94,9 @@ class TRAINSUP_EXPORT ProgressTracker {
   std::array<Frame, kMaxDepth> frames_;
   std::array<Stats, kMaxSections> stats_;
 
-  mutable std::mutex names_mu_;
-  std::array<std::string, kMaxSections> names_;  // guarded by names_mu_
-  int name_count_ = 0;                           // guarded by names_mu_
+  mutable Mutex names_mu_;
+  std::array<std::string, kMaxSections> names_ TRAINSUP_GUARDED_BY(names_mu_);
+  int name_count_ TRAINSUP_GUARDED_BY(names_mu_) = 0;
 };
 
 enum class BudgetKind { kExplicit, kWarmup, kLearned };

@@ -24,6 +24,7 @@
 #include "trainsup/clock.h"
 #include "trainsup/config.h"
 #include "trainsup/export.h"
+#include "trainsup/mutex.h"
 #include "trainsup/progress.h"
 
 namespace trainsup {
@@ -111,10 +112,10 @@ class TRAINSUP_EXPORT Watchdog {
   Nanos heartbeat_changed_at_{0};
   bool fired_ = false;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool started_ = false;   // guarded by mu_
-  bool stopping_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  bool started_ TRAINSUP_GUARDED_BY(mu_) = false;
+  bool stopping_ TRAINSUP_GUARDED_BY(mu_) = false;
   std::thread watch_thread_;
   std::thread monitor_thread_;
 };

@@ -17,6 +17,7 @@
 
 #include "trainsup/clock.h"
 #include "trainsup/export.h"
+#include "trainsup/mutex.h"
 
 namespace trainsup {
 
@@ -61,9 +62,9 @@ class TRAINSUP_EXPORT CollectiveTracker {
   void reset();  // tests
 
  private:
-  mutable std::mutex mu_;
-  std::array<CollectiveRecord, kCapacity> ring_;  // guarded by mu_; slot = seq % kCapacity
-  Stats stats_;                                   // guarded by mu_
+  mutable Mutex mu_;
+  std::array<CollectiveRecord, kCapacity> ring_ TRAINSUP_GUARDED_BY(mu_);  //; slot = seq % kCapacity
+  Stats stats_ TRAINSUP_GUARDED_BY(mu_);
 };
 
 }  // namespace trainsup

@@ -34,6 +34,7 @@
 
 #include "trainsup/collective_tracker.h"
 #include "trainsup/export.h"
+#include "trainsup/mutex.h"
 
 namespace trainsup {
 
@@ -66,22 +67,22 @@ class TRAINSUP_EXPORT CompletionWatcher {
     Poll poll;
   };
   void run();
-  void ensureThreadLocked();
+  void ensureThreadLocked() TRAINSUP_REQUIRES(mu_);
 
   CollectiveTracker& tracker_;               // set at construction
   const std::chrono::microseconds interval_;  // set at construction
   const bool threaded_;                       // set at construction
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Entry> incoming_;  // guarded by mu_: watched, not yet taken by a poll round
-  bool nudged_ = false;          // guarded by mu_
-  bool stopping_ = false;        // guarded by mu_
-  size_t polling_ = 0;           // guarded by mu_: entries held by the polling side
-  std::thread thread_;           // started under mu_ on the first watch()
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::vector<Entry> incoming_ TRAINSUP_GUARDED_BY(mu_);  // watched, not yet taken by a poll round
+  bool nudged_ TRAINSUP_GUARDED_BY(mu_) = false;
+  bool stopping_ TRAINSUP_GUARDED_BY(mu_) = false;
+  size_t polling_ TRAINSUP_GUARDED_BY(mu_) = 0;  // entries held by the polling side
+  std::thread thread_ TRAINSUP_GUARDED_BY(mu_);  // started on the first watch()
 
-  std::mutex poll_mu_;           // serializes poll rounds (thread and pollOnce)
-  std::vector<Entry> active_;    // guarded by poll_mu_
+  Mutex poll_mu_;           // serializes poll rounds (thread and pollOnce)
+  std::vector<Entry> active_ TRAINSUP_GUARDED_BY(poll_mu_);
 };
 
 }  // namespace trainsup

@@ -1,5 +1,6 @@
-"""The launcher's adapters to torchrun's internals (trainsup/_torchrun_compat.py), on real
-rendezvous handlers (two nodes of one c10d rendezvous in this process) and a real etcd."""
+"""trainsup's adapters to torch's and torchrun's internals (trainsup/_compat.py), on real
+rendezvous handlers (two nodes of one c10d rendezvous in this process) and a real etcd; and
+no other module of the package uses a private torch name."""
 import dataclasses
 import datetime
 import os
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainsup import _torchrun_compat as compat
+from trainsup import _compat as compat
 from trainsup.telemetry import compare_set, peek
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -158,3 +159,35 @@ def test_the_etcd_store_does_what_the_election_and_the_quarantine_need(tmp_path)
     finally:
         server.terminate()
         server.wait()
+
+
+def test_only_compat_touches_torch_internals():
+    """A private torch name (`_get_default_group`, `torch.distributed.run`, ...) anywhere but
+    _compat.py would break on the next torch release without the version adapter noticing."""
+    import ast
+    import pathlib
+    import trainsup
+    package = pathlib.Path(trainsup.__file__).parent
+    internal_modules = ("torch.distributed.run", "torch.distributed.elastic.multiprocessing",
+                        "torch.distributed.elastic.rendezvous.registry", "torch.distributed.elastic.rendezvous.dynamic",
+                        "torch.distributed.elastic.rendezvous.etcd", "torch._")
+    offenders = []
+    for path in sorted(package.glob("*.py")):
+        if path.name == "_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                offenders += [f"{path.name}:{node.lineno} imports {n}" for n in names
+                              if n.startswith(internal_modules)]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                chain = []
+                while isinstance(base, ast.Attribute):
+                    chain.append(base.attr)
+                    base = base.value
+                root = base.id if isinstance(base, ast.Name) else ""
+                if root in ("torch", "dist", "c10d") or "distributed_c10d" in chain or node.attr in (
+                        "_get_backend", "_get_default_group", "_get_default_store", "_abort_process_group"):
+                    offenders.append(f"{path.name}:{node.lineno} uses {node.attr}")
+    assert offenders == []

@@ -1,12 +1,77 @@
-"""Everything the launcher needs from torchrun's internals, in one place, because it differs
-between torch versions. Run and tested on torch 2.13 (every launcher scenario of the suite):
-next_rendezvous returns a RendezvousInfo, spares wait in redundancy_list, _NodeDesc has .addr,
-and the rendezvous store shared with workers must be turned off (prepare_environment). The
-torch 1.x branches kept here (tuple results, fqdn, Std parsing, stores without check()) are no
-longer exercised: torch 1.x is unsupported since the move to torch 2.x."""
+"""Every use of torch's and torchrun's internals by the trainsup package, in one place, because
+they differ between torch versions: torchrun's parser, runner, handler registry and rendezvous
+handler state; torch.distributed's default store and group; the NCCL process-group abort.
+Nothing else in the package imports a private torch name (tests/python/test_compat.py checks
+that). Imports of torch happen inside the functions: `import trainsup` does not load torch.
+
+Run and tested on torch 2.13 (every launcher scenario of the suite): next_rendezvous returns a
+RendezvousInfo, spares wait in redundancy_list, _NodeDesc has .addr, and the rendezvous store
+shared with workers must be turned off (prepare_environment). The torch 1.x branches kept here
+(tuple results, fqdn, Std parsing, stores without check()) are no longer exercised: torch 1.x
+is unsupported since the move to torch 2.x."""
 import dataclasses
 import os
 import re
+
+
+# --- torch.distributed -------------------------------------------------------------------------
+
+def default_store():
+    """The c10d store of the default process group (checkpoint commits travel through it)."""
+    import torch.distributed as dist
+    return dist.distributed_c10d._get_default_store()
+
+
+def default_group():
+    """The default process group (torch.distributed.group.WORLD's object)."""
+    import torch.distributed as dist
+    return dist.distributed_c10d._get_default_group()
+
+
+def group_backend(group, device):
+    """The backend object `group` uses for torch device type `device` ("cpu", "cuda")."""
+    import torch
+    return group._get_backend(torch.device(device))
+
+
+def abort_process_groups(dist):
+    """Aborts every process group of `dist` (an initialized torch.distributed), so that no rank
+    waits out NCCL's own timeout and no kernel is left pending at exit."""
+    c10d = dist.distributed_c10d
+    if hasattr(c10d, "_abort_process_group"):
+        c10d._abort_process_group()
+    else:
+        group_backend(c10d._get_default_group(), "cuda").abort()
+
+
+# --- torchrun ----------------------------------------------------------------------------------
+
+def torchrun_parser():
+    """torchrun's own argument parser (trainsup.run adds its flags to it)."""
+    import torch.distributed.run as torchrun
+    return torchrun.get_args_parser()
+
+
+def register_rendezvous_handler(name, create):
+    """Registers `create(params) -> RendezvousHandler` as rendezvous backend `name`; a second
+    registration in the same process keeps the first."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    try:
+        rendezvous_handler_registry.register(name, create)
+    except ValueError:
+        pass
+
+
+def run_torchrun(args, on_signal):
+    """torchrun's main with parsed `args`. When torchrun is stopped by a signal from outside
+    (its SignalException), calls on_signal(signal number) and re-raises."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    try:
+        torchrun.run(args)
+    except SignalException as e:
+        on_signal(e.sigval)
+        raise
 
 
 def prepare_environment():
