@@ -22,6 +22,7 @@
 #include "base/logging.h"
 #include "trainsup/collective_tracker.h"
 #include "rank/stop_signals.h"
+#include "rank/supervisor_testing.h"
 #include "device/gpu.h"
 #include "trainsup/mutex.h"
 #include "trainsup/nccl.h"
@@ -40,7 +41,7 @@ constexpr double kStopAgreementFallbackS = 20.0;
 struct Supervisor::Impl {
   // Set in create(), then read-only.
   Config config;
-  Options options;
+  SupervisorTestOptions options;
   Clock* clock = nullptr;
   std::string log_path;
   std::string event_path;
@@ -350,12 +351,20 @@ void Supervisor::Impl::onAbortDeadline() {
             code);
 }
 
-Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, Options options) {
+Result<std::unique_ptr<Supervisor>> SupervisorTesting::create(Config config, SupervisorTestOptions hooks) {
+  return Supervisor::create(std::move(config), hooks);
+}
+
+Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config) {
+  return create(std::move(config), SupervisorTestOptions{});
+}
+
+Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, const SupervisorTestOptions& test_hooks) {
   if (config.identity.host.empty()) config.identity.host = osHostName();
   if (Status s = config.validate(); !s.isOk()) return s;
   auto impl = std::make_unique<Impl>();
-  impl->clock = options.clock != nullptr ? options.clock : &Clock::real();
-  impl->options = std::move(options);
+  impl->clock = test_hooks.clock != nullptr ? test_hooks.clock : &Clock::real();
+  impl->options = test_hooks;
   std::error_code ec;
   std::filesystem::create_directories(config.log_dir, ec);
   if (ec) return Status::ioError("cannot create log directory (TRAINSUP_LOG_DIR) '" + config.log_dir + "': " + ec.message());

@@ -3,6 +3,7 @@
 #include "trainsup/supervisor.h"
 
 #include "../test_util.h"
+#include "rank/supervisor_testing.h"
 #include "trainsup/collective_tracker.h"
 
 #include <gtest/gtest.h>
@@ -110,8 +111,8 @@ TEST(SupervisorTest, BadConfigFailsCreateWithTheSettingsName) {
 struct ExitRecorder {
   std::promise<int> exited;
   std::atomic<int> exits{0};
-  Supervisor::Options options() {
-    Supervisor::Options opts;
+  SupervisorTestOptions options() {
+    SupervisorTestOptions opts;
     opts.exit_process = [this](int code) {
       if (exits.fetch_add(1) == 0) exited.set_value(code);
     };
@@ -124,7 +125,7 @@ TEST(SupervisorTest, StallIsLoggedDumpedAbortedAndExited) {
   Config c = testConfig(dir);
   c.section_budgets_s["step"] = 0.3;
   ExitRecorder exit;
-  auto sup = Supervisor::create(c, exit.options());
+  auto sup = SupervisorTesting::create(c, exit.options());
   ASSERT_TRUE(sup.isOk()) << sup.status().toString();
   std::atomic<int> callback_step{-100};
   (*sup)->addAbortCallback("record", [&](const StallReport& r) { callback_step = static_cast<int>(r.step); });
@@ -175,14 +176,14 @@ TEST(SupervisorTest, HungAbortCallbackIsCutOffAtTheGraceEvenDuringClose) {
   std::promise<void> unblock;
   std::shared_future<void> unblocked = unblock.get_future().share();
   std::atomic<int> exits{0};
-  Supervisor::Options opts;
+  SupervisorTestOptions opts;
   opts.exit_process = [&](int code) {
     if (exits.fetch_add(1) == 0) {
       exited.set_value(code);
       unblock.set_value();  // lets the hung callback return so the test can clean up
     }
   };
-  auto sup = Supervisor::create(c, opts);
+  auto sup = SupervisorTesting::create(c, opts);
   ASSERT_TRUE(sup.isOk());
   std::promise<void> in_callback;
   (*sup)->addAbortCallback("hangs", [&](const StallReport&) {
@@ -210,9 +211,9 @@ TEST(SupervisorTest, WarnActionKeepsRunning) {
   c.stall_action = StallAction::kWarn;
   c.section_budgets_s["eval"] = 0.1;
   std::atomic<int> exits{0};
-  Supervisor::Options opts;
+  SupervisorTestOptions opts;
   opts.exit_process = [&](int) { ++exits; };
-  auto sup = Supervisor::create(c, opts);
+  auto sup = SupervisorTesting::create(c, opts);
   ASSERT_TRUE(sup.isOk());
   // Wait (bounded) for the stall event to appear while inside the eval section.
   {
@@ -267,7 +268,7 @@ TEST(SupervisorTest, AStallWhileWaitingInACollectiveWaitsForTheCoordinatorThenEx
   CollectiveTracker::global().end(CollectiveTracker::global().begin(CollectiveOp::kBroadcast, 8), false);
   c.job_token = std::string(32, 'a');
   ExitRecorder exit;
-  auto sup = Supervisor::create(c, exit.options());
+  auto sup = SupervisorTesting::create(c, exit.options());
   ASSERT_TRUE(sup.isOk()) << sup.status().toString();
   const uint64_t seq = CollectiveTracker::global().begin(CollectiveOp::kAllreduce, 4096);
   auto fut = exit.exited.get_future();

@@ -57,17 +57,11 @@
 
 namespace trainsup {
 
-// Test hooks. Production code leaves them empty.
-struct SupervisorOptions {
-  Clock* clock = nullptr;                      // default: Clock::real()
-  std::function<void(int code)> exit_process;  // default: _exit(code) (logs are flushed before)
-};
+struct SupervisorTestOptions;  // test hooks: rank/supervisor_testing.h (internal)
 
 class TRAINSUP_EXPORT Supervisor {
  public:
-  using Options = SupervisorOptions;
-
-  static Result<std::unique_ptr<Supervisor>> create(Config config, Options options = {});
+  static Result<std::unique_ptr<Supervisor>> create(Config config);
   ~Supervisor();
   Supervisor(const Supervisor&) = delete;
   Supervisor& operator=(const Supervisor&) = delete;
@@ -149,7 +143,9 @@ class TRAINSUP_EXPORT Supervisor {
   void close(bool failed = false);
 
  private:
+  friend struct SupervisorTesting;
   struct Impl;
+  static Result<std::unique_ptr<Supervisor>> create(Config config, const SupervisorTestOptions& hooks);
   explicit Supervisor(std::unique_ptr<Impl> impl);
   void exitSection();
   Result<Checkpointer::Outcome> saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now);
