@@ -30,7 +30,7 @@ names = zipfile.ZipFile(sys.argv[1]).namelist()
 need = ["trainsup/__init__.py", "trainsup/_build_info.py", "trainsup/run.py", "trainsup/include/trainsup/supervisor.h",
         "trainsup/include/trainsup/tracking_backend.h", "trainsup/include/trainsup/coordinator.h",
         "trainsup/lib/cmake/trainsup/trainsupConfig.cmake"]
-prefixes = ["trainsup/_trainsup.cpython", "trainsup/_trainsup_torch.cpython", "trainsup/lib/libtrainsup.so",
+prefixes = ["trainsup/_trainsup.cpython", "trainsup/_trainsup_torch.cpython", "trainsup/lib/libtrainsup.so", "trainsup/lib/libtrainsup_agent.so",
             "trainsup/lib/libtrainsup_torch.so"]
 missing = [n for n in need if n not in names] + [p for p in prefixes if not any(n.startswith(p) for n in names)]
 entry = [n for n in names if n.endswith("entry_points.txt")]

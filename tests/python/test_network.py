@@ -67,7 +67,12 @@ def test_a_host_with_a_lossy_slow_link_is_a_straggler_not_dead(tmp_path):
           f"{[x['after_s'] for x in slow]} s; steps/s {s['steps_per_s_before_fault']} before, "
           f"{s['steps_per_s_during_fault']} during; verdicts {s['verdicts']}")
     assert s["shaped_packets"]["dropped_out"] > 0 and s["shaped_packets"]["delayed"] > 0, s
-    assert s["verdicts"] == [] and s["quarantine"] == [], s  # nobody named dead or hung
+    # Nobody named dead or hung, nobody quarantined. A collective held past its budget and the
+    # network grace before host-b's slow link reached the coordinator may end in a
+    # communication_fault (seen once, with CI's background builds delaying the slow-link report
+    # to 7.9 s): the job restarts with every host; it names no culprit (docs/reliability.md).
+    assert s["quarantine"] == [], s
+    assert all(v["kind"] == "communication_fault" for v in s["verdicts"]), s
     assert [x["host"] for x in slow] == ["host-b"] and slow[0]["after_s"] <= 10, s
     assert all(x["hosts"] == ["host-b"] for x in s["stragglers"]), s
     assert s["finished"] and s["agent_exit_codes"] == {"host-a": 0, "host-b": 0}, s
