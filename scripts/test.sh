@@ -27,17 +27,18 @@ bg_log=$(mktemp)
 ) >"$bg_log" 2>&1 &
 background=$!
 trap 'kill $background 2>/dev/null || true; rm -f "$bg_log"' EXIT
-ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -E '^install\.pip_wheel$'
+ctest --test-dir "$build_dir" --output-on-failure --timeout 600 -E '^(install\.pip_wheel|layers\.thread_safety)$'
 
 if ! wait "$background"; then
   cat "$bg_log" >&2
   echo "test.sh: the ThreadSanitizer build or the wheel build failed" >&2
   exit 1
 fi
-# The wheel's check (mostly pip installing it into a fresh venv) and the ThreadSanitizer run of
-# the core's suites (watchdog, progress, supervisor, checkpoint, telemetry, ...) side by side.
+# The wheel's check (mostly pip installing it into a fresh venv), Clang's thread-safety analysis
+# and the ThreadSanitizer run of the core's suites (watchdog, progress, supervisor, checkpoint,
+# telemetry, ...) side by side.
 TRAINSUP_PREBUILT_WHEEL=$(ls "$wheel_dir"/trainsup-*.whl) \
-  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 -R '^install\.pip_wheel$' &
+  ctest --test-dir "$build_dir" --output-on-failure --timeout 900 -R '^(install\.pip_wheel|layers\.thread_safety)$' &
 wheel_check=$!
 tsan_status=0
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \

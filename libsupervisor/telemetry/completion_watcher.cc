@@ -100,7 +100,14 @@ void CompletionWatcher::stop() {
     t = std::move(thread_);
   }
   cv_.notifyAll();
-  if (t.joinable() && t.get_id() != std::this_thread::get_id()) t.join();
+  if (!t.joinable()) return;
+  // From the polling thread itself (a poll that ends in stop()) the thread cannot be joined:
+  // it ends after this round; a joinable std::thread left to its destructor would terminate.
+  if (t.get_id() == std::this_thread::get_id()) {
+    t.detach();
+  } else {
+    t.join();
+  }
 }
 
 }  // namespace trainsup
