@@ -3,6 +3,7 @@
 // (close, checkpoint snapshots, restore reads) release the GIL. This file includes no torch
 // header: tensors cross as (pointer, size, dtype, shape, device) tuples, and the c10d store as
 // any Python object with set/get/add/delete methods, so one build serves every torch version.
+// One bind function per layer of libsupervisor (bindBase ... bindAgent), in layer order.
 #include <Python.h>
 #include <fcntl.h>
 #include <pybind11/functional.h>
@@ -450,10 +451,8 @@ class PyNodeMonitor {
   std::unique_ptr<NodeMonitor> monitor_;
 };
 
-}  // namespace
-
-PYBIND11_MODULE(_trainsup, m) {
-  m.doc() = "trainsup C++ core (use the `trainsup` package)";
+// base: version, exit codes, the settings a rank reads
+void bindBase(py::module_& m) {
   m.attr("__version__") = kVersionString;
   m.attr("EXIT_STOP_REQUESTED") = kExitStopRequested;
   m.attr("EXIT_STALL") = kExitStall;
@@ -464,42 +463,20 @@ PYBIND11_MODULE(_trainsup, m) {
   m.attr("EXIT_DO_NOT_REQUEUE") = kExitDoNotRequeue;
   m.def("exit_code_name", &exitCodeName, py::arg("code"));
   m.attr("SETTING_VARIABLES") = Config::variableNames();  // what a rank reads, in order
-  {  // The job coordinator's defaults, one home: trainsup.run and NodeServices read them here.
-    const DetectorOptions d;
-    py::dict defaults;
-    defaults["hang_floor_s"] = d.hang_floor_s;
-    defaults["heartbeat_timeout_s"] = d.heartbeat_timeout_s;
-    defaults["network_grace_s"] = d.network_grace_s;
-    defaults["slow_link_multiplier"] = d.slow_link_multiplier;
-    m.attr("DETECTOR_DEFAULTS") = defaults;
-  }
+}
 
-  py::class_<PyCoordinator>(m, "Coordinator")
-      .def(py::init<int, const std::string&, const std::string&, int, double, double, double,
-                    const std::vector<std::tuple<int, int, std::string, std::string>>&, const std::string&, double>(),
-           py::arg("world"), py::arg("token"), py::arg("bind") = "127.0.0.1", py::arg("port") = 0,
-           py::arg("hang_floor_s") = 5.0, py::arg("heartbeat_timeout_s") = 5.0, py::arg("expect_within_s") = 0.0,
-           py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{},
-           py::arg("collective_budgets") = "", py::arg("network_grace_s") = DetectorOptions{}.network_grace_s)
-      .def_property_readonly("port", &PyCoordinator::port)
-      .def("take_verdicts", &PyCoordinator::takeVerdicts)
-      .def("set_slow_hosts", &PyCoordinator::setSlowHosts, py::arg("hosts"))
-      .def("known_ranks", &PyCoordinator::knownRanks)
-      .def("counters", &PyCoordinator::counters)
-      .def("stop", &PyCoordinator::stop, py::call_guard<py::gil_scoped_release>());
-  py::class_<PyNodeMonitor>(m, "NodeMonitor")
-      .def(py::init<const std::string&, const std::string&, int, const std::string&, double>(), py::arg("socket_path"),
-           py::arg("host"), py::arg("port"), py::arg("token"), py::arg("forward_interval_s") = 0.05)
-      .def("set_coordinator", &PyNodeMonitor::setCoordinator)
-      .def("abort_local_ranks", &PyNodeMonitor::abortLocalRanks, py::arg("culprit_rank"), py::arg("kind"),
-           py::arg("host"))
-      .def("counters", &PyNodeMonitor::counters)
-      .def("stop", &PyNodeMonitor::stop, py::call_guard<py::gil_scoped_release>());
+// device: NCCL communicators made outside torch
+void bindDevice(py::module_& m) {
+  // NCCL communicators made outside torch (an ncclComm_t as an integer address) join the list the
+  // Supervisor aborts on its abort paths (trainsup/nccl.h); scripts/gpu_check.py uses them.
+  m.def("_register_nccl_communicator", [](uintptr_t comm) { registerNcclCommunicator(reinterpret_cast<void*>(comm)); });
+  m.def("_unregister_nccl_communicator",
+        [](uintptr_t comm) { unregisterNcclCommunicator(reinterpret_cast<void*>(comm)); });
+  m.def("_nccl_status", [] { return loadNccl().toString(); });
+}
 
-  py::class_<PyScope>(m, "Scope")
-      .def("__enter__", &PyScope::enter, py::return_value_policy::reference)
-      .def("__exit__", &PyScope::exit);
-
+// checkpoint: shards, manifests, the one validity check, directory names
+void bindCheckpoint(py::module_& m) {
   py::class_<PyShard>(m, "Shard")
       .def("entries", &PyShard::entries)
       .def("read_into", &PyShard::readInto, py::arg("name"), py::arg("address"), py::arg("nbytes"))
@@ -543,11 +520,11 @@ PYBIND11_MODULE(_trainsup, m) {
     return PyShard(raw, std::move(*r));
   });
   m.def("checkpoint_dir_name", &checkpointDirName);
-  // Raises InvalidArgumentError naming the bad entry of "allreduce=30,broadcast=120".
-  m.def("check_collective_budgets", [](const std::string& text) {
-    DetectorOptions d;
-    if (Status s = parseOpBudgets(text, d); !s.isOk()) raiseStatus(s);
-  });
+  m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
+}
+
+// telemetry: the process's collective tracker and completion watcher
+void bindTelemetry(py::module_& m) {
   m.def("collective_stats", [] {
     auto st = CollectiveTracker::global().stats();
     py::dict d, count, bytes;
@@ -582,13 +559,13 @@ PYBIND11_MODULE(_trainsup, m) {
     }
     return out;
   }, py::arg("n") = 100);
-  m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
-  // NCCL communicators made outside torch (an ncclComm_t as an integer address) join the list the
-  // Supervisor aborts on its abort paths (trainsup/nccl.h); scripts/gpu_check.py uses them.
-  m.def("_register_nccl_communicator", [](uintptr_t comm) { registerNcclCommunicator(reinterpret_cast<void*>(comm)); });
-  m.def("_unregister_nccl_communicator",
-        [](uintptr_t comm) { unregisterNcclCommunicator(reinterpret_cast<void*>(comm)); });
-  m.def("_nccl_status", [] { return loadNccl().toString(); });
+}
+
+// rank: the Supervisor facade and its scopes
+void bindRank(py::module_& m) {
+  py::class_<PyScope>(m, "Scope")
+      .def("__enter__", &PyScope::enter, py::return_value_policy::reference)
+      .def("__exit__", &PyScope::exit);
 
   py::class_<Supervisor, std::unique_ptr<Supervisor, ReleaseGilDelete>>(m, "Supervisor")
       .def(py::init(&create), py::arg("overrides"))
@@ -667,4 +644,58 @@ PYBIND11_MODULE(_trainsup, m) {
       .def_property_readonly("event_log", &Supervisor::eventLogPath)
       .def_property_readonly("checkpoint_dir", [](Supervisor& s) { return s.config().checkpoint.dir; })
       .def("close", &Supervisor::close, py::arg("failed") = false, py::call_guard<py::gil_scoped_release>());
+}
+
+// agent: the job coordinator and the node monitor, and their defaults
+void bindAgent(py::module_& m) {
+  {  // The job coordinator's defaults, one home: trainsup.run and NodeServices read them here.
+    const DetectorOptions d;
+    py::dict defaults;
+    defaults["hang_floor_s"] = d.hang_floor_s;
+    defaults["heartbeat_timeout_s"] = d.heartbeat_timeout_s;
+    defaults["network_grace_s"] = d.network_grace_s;
+    defaults["slow_link_multiplier"] = d.slow_link_multiplier;
+    m.attr("DETECTOR_DEFAULTS") = defaults;
+  }
+
+  py::class_<PyCoordinator>(m, "Coordinator")
+      .def(py::init<int, const std::string&, const std::string&, int, double, double, double,
+                    const std::vector<std::tuple<int, int, std::string, std::string>>&, const std::string&, double>(),
+           py::arg("world"), py::arg("token"), py::arg("bind") = "127.0.0.1", py::arg("port") = 0,
+           py::arg("hang_floor_s") = 5.0, py::arg("heartbeat_timeout_s") = 5.0, py::arg("expect_within_s") = 0.0,
+           py::arg("known_ranks") = std::vector<std::tuple<int, int, std::string, std::string>>{},
+           py::arg("collective_budgets") = "", py::arg("network_grace_s") = DetectorOptions{}.network_grace_s)
+      .def_property_readonly("port", &PyCoordinator::port)
+      .def("take_verdicts", &PyCoordinator::takeVerdicts)
+      .def("set_slow_hosts", &PyCoordinator::setSlowHosts, py::arg("hosts"))
+      .def("known_ranks", &PyCoordinator::knownRanks)
+      .def("counters", &PyCoordinator::counters)
+      .def("stop", &PyCoordinator::stop, py::call_guard<py::gil_scoped_release>());
+  py::class_<PyNodeMonitor>(m, "NodeMonitor")
+      .def(py::init<const std::string&, const std::string&, int, const std::string&, double>(), py::arg("socket_path"),
+           py::arg("host"), py::arg("port"), py::arg("token"), py::arg("forward_interval_s") = 0.05)
+      .def("set_coordinator", &PyNodeMonitor::setCoordinator)
+      .def("abort_local_ranks", &PyNodeMonitor::abortLocalRanks, py::arg("culprit_rank"), py::arg("kind"),
+           py::arg("host"))
+      .def("counters", &PyNodeMonitor::counters)
+      .def("stop", &PyNodeMonitor::stop, py::call_guard<py::gil_scoped_release>());
+
+  // Raises InvalidArgumentError naming the bad entry of "allreduce=30,broadcast=120".
+  m.def("check_collective_budgets", [](const std::string& text) {
+    DetectorOptions d;
+    if (Status s = parseOpBudgets(text, d); !s.isOk()) raiseStatus(s);
+  });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_trainsup, m) {
+  m.doc() = "trainsup C++ core (use the `trainsup` package)";
+  // One function per layer of libsupervisor (docs/architecture.md), in layer order.
+  bindBase(m);
+  bindDevice(m);
+  bindCheckpoint(m);
+  bindTelemetry(m);
+  bindRank(m);
+  bindAgent(m);
 }
