@@ -4,10 +4,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace trainsup::testing {
 
@@ -17,6 +19,18 @@ inline std::string tempDir(const std::string& prefix, std::string tag = "") {
   auto dir = std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(getpid()) + "_" + tag);
   std::filesystem::remove_all(dir);
   return dir.string();
+}
+
+// Polls `pred` until it holds or `limit` has passed; true when it held. For conditions only
+// observable from outside (a server's counters), never a fixed sleep that hopes it was enough.
+template <class Pred>
+bool waitUntil(Pred pred, std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 inline std::string slurp(const std::string& path) {

@@ -14,6 +14,7 @@
 
 #include "trainsup/coordinator.h"
 #include "telemetry/telemetry_client.h"
+#include "../test_util.h"
 #include "verdict_sink.h"
 
 namespace trainsup {
@@ -21,6 +22,7 @@ namespace {
 
 using Sink = testing::VerdictSink;
 using Clock = std::chrono::steady_clock;
+using testing::waitUntil;
 
 JobToken jobToken() {
   JobToken t;
@@ -64,16 +66,6 @@ std::unique_ptr<TelemetryClient> client(const std::string& path, int rank, const
   o.interval_s = 0.01;
   o.on_abort = std::move(on_abort);
   return TelemetryClient::start(o, t).value();
-}
-
-template <class Pred>
-bool waitUntil(Pred pred, std::chrono::seconds limit = std::chrono::seconds(10)) {
-  auto deadline = Clock::now() + limit;
-  while (!pred()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 TEST(NodeMonitorTest, ADeadRankIsNamedWithTheHostFromItsHelloAndTheOthersAreToldToAbort) {
