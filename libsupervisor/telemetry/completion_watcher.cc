@@ -6,9 +6,8 @@
 
 namespace trainsup {
 
-CompletionWatcher::CompletionWatcher(CollectiveTracker& tracker, std::chrono::microseconds interval,
-                                     bool start_thread)
-    : tracker_(tracker), interval_(interval), threaded_(start_thread) {}
+CompletionWatcher::CompletionWatcher(CollectiveTracker& tracker, std::chrono::microseconds interval, bool threaded)
+    : tracker_(tracker), interval_(interval), threaded_(threaded) {}
 
 CompletionWatcher::~CompletionWatcher() { stop(); }
 

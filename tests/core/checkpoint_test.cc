@@ -11,6 +11,7 @@
 
 #include "checkpoint_test_util.h"
 #include "trainsup/checkpointer.h"
+#include "base/manual_clock.h"
 
 namespace trainsup {
 namespace {

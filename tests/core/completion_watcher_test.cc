@@ -1,5 +1,6 @@
 // CompletionWatcher: a collective's record ends when its work says it finished, not before.
 #include "trainsup/completion_watcher.h"
+#include "telemetry/telemetry_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -35,37 +36,39 @@ CollectiveRecord recordOf(const CollectiveTracker& t, uint64_t seq) {
 
 TEST(CompletionWatcherTest, RecordStaysPendingUntilTheWorkFinishes) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, /*start_thread=*/false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   FakeWork work;
   uint64_t seq = tracker.begin(CollectiveOp::kAllreduce, 64);
   watcher.watch(seq, work.poll());
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(watcher.pollOnce(), 0u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 0u);
   EXPECT_EQ(recordOf(tracker, seq).exit_ns, 0) << "a collective still running must stay in flight";
   EXPECT_EQ(watcher.pending(), 1u);
   EXPECT_EQ(tracker.stats().completed, 0u);
 
   work.state = 1;
-  EXPECT_EQ(watcher.pollOnce(), 1u);
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 1u);
   auto r = recordOf(tracker, seq);
   EXPECT_GT(r.exit_ns, 0);
   EXPECT_GE(r.exit_ns, r.enter_ns);
   EXPECT_TRUE(r.ok);
   EXPECT_EQ(watcher.pending(), 0u);
   int polls = work.polls;
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_EQ(work.polls, polls) << "a finished work is never polled again";
 }
 
 TEST(CompletionWatcherTest, FailedAndThrowingWorksEndAsFailed) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   FakeWork failed;
   uint64_t a = tracker.begin(CollectiveOp::kBroadcast, 1);
   uint64_t b = tracker.begin(CollectiveOp::kBarrier, 0);
   watcher.watch(a, failed.poll());
   watcher.watch(b, []() -> std::optional<bool> { throw std::runtime_error("work gone"); });
   failed.state = 2;
-  EXPECT_EQ(watcher.pollOnce(), 2u);
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 2u);
   EXPECT_FALSE(recordOf(tracker, a).ok);
   EXPECT_FALSE(recordOf(tracker, b).ok);
   EXPECT_EQ(tracker.stats().failed, 2u);
@@ -73,18 +76,19 @@ TEST(CompletionWatcherTest, FailedAndThrowingWorksEndAsFailed) {
 
 TEST(CompletionWatcherTest, WorksFinishingOutOfOrderEndIndependently) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   FakeWork first, second;
   uint64_t a = tracker.begin(CollectiveOp::kAllreduce, 8);
   uint64_t b = tracker.begin(CollectiveOp::kAllreduce, 8);
   watcher.watch(a, first.poll());
   watcher.watch(b, second.poll());
   second.state = 1;
-  EXPECT_EQ(watcher.pollOnce(), 1u);
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 1u);
   EXPECT_EQ(recordOf(tracker, a).exit_ns, 0);
   EXPECT_GT(recordOf(tracker, b).exit_ns, 0);
   first.state = 1;
-  EXPECT_EQ(watcher.pollOnce(), 1u);
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 1u);
   EXPECT_GT(recordOf(tracker, a).exit_ns, 0);
 }
 

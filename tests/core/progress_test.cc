@@ -1,4 +1,5 @@
 #include "trainsup/progress.h"
+#include "base/manual_clock.h"
 
 #include <gtest/gtest.h>
 

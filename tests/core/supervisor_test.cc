@@ -4,6 +4,7 @@
 
 #include "../test_util.h"
 #include "rank/supervisor_testing.h"
+#include "telemetry/telemetry_testing.h"
 #include "trainsup/collective_tracker.h"
 
 #include <gtest/gtest.h>
@@ -259,7 +260,7 @@ TEST(SupervisorTest, SigtermBecomesAStopRequestAndSlurmSignalsAreUntouched) {
 // bench). It waits 6 more budgets for the coordinator's order, saying so, then exits as for any
 // stall. (Without a collective in flight, StallIsLoggedDumpedAbortedAndExited: one budget.)
 TEST(SupervisorTest, AStallWhileWaitingInACollectiveWaitsForTheCoordinatorThenExits) {
-  CollectiveTracker::global().reset();
+  TelemetryTesting::reset(CollectiveTracker::global());
   std::string dir = tempDir();
   Config c = testConfig(dir);
   c.section_budgets_s["step"] = 0.3;
@@ -282,7 +283,7 @@ TEST(SupervisorTest, AStallWhileWaitingInACollectiveWaitsForTheCoordinatorThenEx
   EXPECT_GE(took, 7 * 0.3 - 0.05) << "one budget and six deferrals";
   (*sup)->close();
   CollectiveTracker::global().end(seq, true);
-  CollectiveTracker::global().reset();
+  TelemetryTesting::reset(CollectiveTracker::global());
   int deferred = 0, stalls = 0;
   for (const auto& e : events((*sup)->eventLogPath())) {
     if (e["event"] == "stall_deferred") {

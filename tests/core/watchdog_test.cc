@@ -1,6 +1,8 @@
 // Watchdog logic with an injected clock (no sleeps), plus its two threads with a real clock
 // (waiting on futures with generous bounds, never on fixed sleeps).
 #include "trainsup/watchdog.h"
+#include "base/manual_clock.h"
+#include "rank/watchdog_testing.h"
 
 #include <gtest/gtest.h>
 
@@ -29,7 +31,7 @@ struct Fixture {
       Nanos dt = std::min<Nanos>(milliseconds(100), d - t);
       clock.advance(dt);
       t += dt;
-      worst = std::max(worst, watchdog->checkOnce().verdict);
+      worst = std::max(worst, WatchdogTesting::checkOnce(*watchdog).verdict);
     }
     progress.exit(clock.monotonicNow());
     return worst;
@@ -54,15 +56,15 @@ TEST(WatchdogTest, ExplicitBudgetIsEnforcedOnceAndNamesTheSection) {
   Fixture f(options(10, 5, 3, 900, {{"step", 2.0}}));
   f.progress.enter(kStepSection, 41, f.clock.monotonicNow());
   f.clock.advance(milliseconds(900));
-  EXPECT_EQ(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kOk);
+  EXPECT_EQ(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kOk);
   f.clock.advance(milliseconds(200));  // 1.1 s: past half the budget
-  auto warn = f.watchdog->checkOnce();
+  auto warn = WatchdogTesting::checkOnce(*f.watchdog);
   EXPECT_EQ(warn.verdict, Watchdog::Verdict::kWarn);
-  EXPECT_EQ(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kOk);  // warned once
+  EXPECT_EQ(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kOk);  // warned once
   f.clock.advance(milliseconds(899));  // 1.999 s
-  EXPECT_EQ(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kOk);
+  EXPECT_EQ(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kOk);
   f.clock.advance(milliseconds(2));  // 2.001 s
-  auto c = f.watchdog->checkOnce();
+  auto c = WatchdogTesting::checkOnce(*f.watchdog);
   ASSERT_EQ(c.verdict, Watchdog::Verdict::kStall);
   EXPECT_EQ(c.report.section, "step");
   EXPECT_EQ(c.report.step, 41);
@@ -70,7 +72,7 @@ TEST(WatchdogTest, ExplicitBudgetIsEnforcedOnceAndNamesTheSection) {
   EXPECT_EQ(c.report.budget.kind, BudgetKind::kExplicit);
   EXPECT_EQ(c.report.elapsed, milliseconds(2001));
   f.clock.advance(seconds(10));
-  EXPECT_EQ(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kOk);  // reported once per stall
+  EXPECT_EQ(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kOk);  // reported once per stall
 }
 
 TEST(WatchdogTest, LearnedBudgetAdaptsToObservedDurations) {
@@ -89,9 +91,9 @@ TEST(WatchdogTest, LearnedBudgetAdaptsToObservedDurations) {
   // A step that really stops is caught at the learned budget (now 3 x 5.9 s).
   f.progress.enter(kStepSection, 7, f.clock.monotonicNow());
   f.clock.advance(milliseconds(17600));
-  EXPECT_NE(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kStall);
+  EXPECT_NE(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kStall);
   f.clock.advance(milliseconds(200));
-  auto c = f.watchdog->checkOnce();
+  auto c = WatchdogTesting::checkOnce(*f.watchdog);
   EXPECT_EQ(c.verdict, Watchdog::Verdict::kStall);
   EXPECT_EQ(c.report.budget.kind, BudgetKind::kLearned);
   EXPECT_EQ(c.report.step, 7);
@@ -117,13 +119,13 @@ TEST(WatchdogTest, NoFalseAlarmUnderThirtyPercentJitter) {
     auto gap = fromSeconds(0.05 * jitter(rng));  // data loading between steps
     if (f.runSection(kStepSection, i, step) != Watchdog::Verdict::kOk) ++alarms;
     f.clock.advance(gap);
-    if (f.watchdog->checkOnce().verdict != Watchdog::Verdict::kOk) ++alarms;
+    if (WatchdogTesting::checkOnce(*f.watchdog).verdict != Watchdog::Verdict::kOk) ++alarms;
   }
   EXPECT_EQ(alarms, 0);
   // ...and a real stall of the same job is still caught.
   f.progress.enter(kStepSection, 600, f.clock.monotonicNow());
   f.clock.advance(seconds(7));
-  EXPECT_EQ(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kStall);
+  EXPECT_EQ(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kStall);
 }
 
 TEST(WatchdogTest, SectionSwitchesUseEachSectionsBudget) {
@@ -135,14 +137,14 @@ TEST(WatchdogTest, SectionSwitchesUseEachSectionsBudget) {
   f.clock.advance(milliseconds(500));
   f.progress.enter(ckpt, -1, f.clock.monotonicNow());
   f.clock.advance(seconds(60));
-  auto c = f.watchdog->checkOnce();
+  auto c = WatchdogTesting::checkOnce(*f.watchdog);
   EXPECT_NE(c.verdict, Watchdog::Verdict::kStall);
   f.progress.exit(f.clock.monotonicNow());
   // Back in the step: 0.5 s before the checkpoint + 1 s after it.
   f.clock.advance(seconds(1));
-  EXPECT_NE(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kStall);
+  EXPECT_NE(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kStall);
   f.clock.advance(milliseconds(600));
-  c = f.watchdog->checkOnce();
+  c = WatchdogTesting::checkOnce(*f.watchdog);
   ASSERT_EQ(c.verdict, Watchdog::Verdict::kStall);
   EXPECT_EQ(c.report.section, "step");
   EXPECT_EQ(c.report.elapsed, milliseconds(2100));
@@ -150,9 +152,9 @@ TEST(WatchdogTest, SectionSwitchesUseEachSectionsBudget) {
   // Eval after the step has its own budget.
   f.progress.enter(eval, -1, f.clock.monotonicNow());
   f.clock.advance(seconds(29));
-  EXPECT_NE(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kStall);
+  EXPECT_NE(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kStall);
   f.clock.advance(seconds(2));
-  c = f.watchdog->checkOnce();
+  c = WatchdogTesting::checkOnce(*f.watchdog);
   ASSERT_EQ(c.verdict, Watchdog::Verdict::kStall);
   EXPECT_EQ(c.report.section, "eval");
   EXPECT_EQ(c.report.step, 3);  // the last step seen
@@ -165,7 +167,7 @@ TEST(WatchdogTest, StuckBetweenStepsIsNamedIdle) {
     f.clock.advance(milliseconds(100));
   }
   f.clock.advance(milliseconds(1000));  // the data loader hangs
-  auto c = f.watchdog->checkOnce();
+  auto c = WatchdogTesting::checkOnce(*f.watchdog);
   ASSERT_EQ(c.verdict, Watchdog::Verdict::kStall);
   EXPECT_EQ(c.report.section, "idle");
   EXPECT_EQ(c.report.step, 4);
@@ -174,9 +176,9 @@ TEST(WatchdogTest, StuckBetweenStepsIsNamedIdle) {
 TEST(WatchdogTest, StartupHasTheWarmupBudget) {
   Fixture f(options(1, 5, 0, 100));
   f.clock.advance(seconds(99));
-  EXPECT_NE(f.watchdog->checkOnce().verdict, Watchdog::Verdict::kStall);
+  EXPECT_NE(WatchdogTesting::checkOnce(*f.watchdog).verdict, Watchdog::Verdict::kStall);
   f.clock.advance(seconds(2));
-  auto c = f.watchdog->checkOnce();
+  auto c = WatchdogTesting::checkOnce(*f.watchdog);
   ASSERT_EQ(c.verdict, Watchdog::Verdict::kStall);
   EXPECT_EQ(c.report.section, "startup");
 }
@@ -192,20 +194,20 @@ TEST(WatchdogTest, HeartbeatMonitorFiresOnceWhenTheWatchdogStops) {
   WatchdogOptions o;
   o.heartbeat_timeout = seconds(30);
   Fixture f(o, hooks);
-  f.watchdog->checkHeartbeatOnce();
+  WatchdogTesting::checkHeartbeatOnce(*f.watchdog);
   for (int i = 0; i < 10; ++i) {
     f.clock.advance(seconds(20));
     f.watchdog->bumpHeartbeat();
-    EXPECT_FALSE(f.watchdog->checkHeartbeatOnce());
+    EXPECT_FALSE(WatchdogTesting::checkHeartbeatOnce(*f.watchdog));
   }
   f.clock.advance(seconds(29));
-  EXPECT_FALSE(f.watchdog->checkHeartbeatOnce());
+  EXPECT_FALSE(WatchdogTesting::checkHeartbeatOnce(*f.watchdog));
   f.clock.advance(seconds(2));
-  EXPECT_TRUE(f.watchdog->checkHeartbeatOnce());
+  EXPECT_TRUE(WatchdogTesting::checkHeartbeatOnce(*f.watchdog));
   EXPECT_EQ(fired, 1);
   EXPECT_EQ(silent, seconds(31));
   f.clock.advance(seconds(60));
-  EXPECT_FALSE(f.watchdog->checkHeartbeatOnce());
+  EXPECT_FALSE(WatchdogTesting::checkHeartbeatOnce(*f.watchdog));
   EXPECT_EQ(fired, 1);
 }
 
@@ -219,9 +221,9 @@ TEST(WatchdogTest, AbortDeadlineReplacesTheHeartbeatCheck) {
   Fixture f(o, hooks);
   f.watchdog->setAbortDeadline(f.clock.monotonicNow() + seconds(10));
   f.clock.advance(seconds(9));  // heartbeat silent past its timeout: expected while aborting
-  EXPECT_FALSE(f.watchdog->checkHeartbeatOnce());
+  EXPECT_FALSE(WatchdogTesting::checkHeartbeatOnce(*f.watchdog));
   f.clock.advance(seconds(2));
-  EXPECT_TRUE(f.watchdog->checkHeartbeatOnce());
+  EXPECT_TRUE(WatchdogTesting::checkHeartbeatOnce(*f.watchdog));
   EXPECT_EQ(deadline, 1);
   EXPECT_EQ(unresponsive, 0);
 }

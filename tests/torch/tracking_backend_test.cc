@@ -2,6 +2,7 @@
 // and the wrapper in front of a real c10d::ProcessGroup's backend. (The torch wheel ships no
 // gloo headers; ProcessGroupGloo itself is covered from Python, tests/python/test_tracker.py.)
 #include "trainsup/tracking_backend.h"
+#include "telemetry/telemetry_testing.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -35,7 +36,8 @@ CollectiveRecord last(const CollectiveTracker& t) { return t.recent(1).at(0); }
 
 TEST(TrackingBackendTest, CollectiveStaysInFlightUntilItsWorkCompletes) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, /*start_thread=*/false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   auto inner = c10::make_intrusive<ControlledBackend>();
   TrackingBackend backend(inner, tracker, watcher);
   auto work = c10::make_intrusive<ControlledWork>();
@@ -44,17 +46,18 @@ TEST(TrackingBackendTest, CollectiveStaysInFlightUntilItsWorkCompletes) {
   auto returned = backend.allreduce(t, c10d::AllreduceOptions());
   EXPECT_EQ(returned.get(), work.get()) << "the caller gets the backend's own work";
   EXPECT_EQ(last(tracker).bytes, 64u);
-  for (int i = 0; i < 3; ++i) watcher.pollOnce();
+  for (int i = 0; i < 3; ++i) TelemetryTesting::pollOnce(watcher);
   EXPECT_EQ(last(tracker).exit_ns, 0) << "not finished on the device: still in flight";
   work->complete();
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_GT(last(tracker).exit_ns, 0);
   EXPECT_TRUE(last(tracker).ok);
 }
 
 TEST(TrackingBackendTest, FailedWorkEndsTheRecordAsFailed) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   auto inner = c10::make_intrusive<ControlledBackend>();
   TrackingBackend backend(inner, tracker, watcher);
   auto work = c10::make_intrusive<ControlledWork>();
@@ -62,7 +65,7 @@ TEST(TrackingBackendTest, FailedWorkEndsTheRecordAsFailed) {
   std::vector<at::Tensor> t{torch::ones({4})};
   backend.allreduce(t, c10d::AllreduceOptions());
   work->complete(std::make_exception_ptr(std::runtime_error("peer gone")));
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_GT(last(tracker).exit_ns, 0);
   EXPECT_FALSE(last(tracker).ok);
   EXPECT_EQ(tracker.stats().failed, 1u);
@@ -70,7 +73,8 @@ TEST(TrackingBackendTest, FailedWorkEndsTheRecordAsFailed) {
 
 TEST(TrackingBackendTest, CoalescedCollectivesAreOneRecordEndedByTheGroupsWork) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   auto inner = c10::make_intrusive<ControlledBackend>();
   TrackingBackend backend(inner, tracker, watcher);
   backend.startCoalescing();
@@ -84,16 +88,17 @@ TEST(TrackingBackendTest, CoalescedCollectivesAreOneRecordEndedByTheGroupsWork) 
   EXPECT_EQ(tracker.stats().issued, 1u);
   EXPECT_EQ(last(tracker).op, CollectiveOp::kAllreduce);
   EXPECT_EQ(last(tracker).bytes, 48u);
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_EQ(last(tracker).exit_ns, 0);
   group->complete();
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_GT(last(tracker).exit_ns, 0);
 }
 
 TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecord) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   TrackingBackend backend(c10::make_intrusive<ControlledBackend>(), tracker, watcher);
   std::vector<at::Tensor> t{torch::ones({4})};
   EXPECT_THROW(backend.broadcast(t, c10d::BroadcastOptions()), c10::Error);
@@ -103,7 +108,8 @@ TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecor
 
 TEST(TrackingBackendTest, WrapsAProcessGroupsBackendWithoutChangingItsName) {
   CollectiveTracker tracker;
-  CompletionWatcher watcher(tracker, CompletionWatcher::kDefaultInterval, false);
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
   auto store = c10::make_intrusive<c10d::HashStore>();
   auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, 0, 1);
   auto inner = c10::make_intrusive<ControlledBackend>();
@@ -130,10 +136,10 @@ TEST(TrackingBackendTest, WrapsAProcessGroupsBackendWithoutChangingItsName) {
   EXPECT_EQ(tracker.stats().issued, 1u);
   EXPECT_EQ(last(tracker).op, CollectiveOp::kAllreduce);
   EXPECT_EQ(last(tracker).bytes, 32u);
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_EQ(tracker.stats().completed, 0u);
   work->complete();
-  watcher.pollOnce();
+  TelemetryTesting::pollOnce(watcher);
   EXPECT_EQ(tracker.stats().completed, 1u);
 }
 

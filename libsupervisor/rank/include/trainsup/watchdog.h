@@ -9,8 +9,8 @@
 // and calls hooks.on_unresponsive if not; once setAbortDeadline() was called it instead calls
 // hooks.on_abort_deadline when that deadline passes (the abort path must end in bounded time).
 // start() twice is a logic_error; stop() is idempotent, wakes both threads and joins them
-// (never call it from a hook). checkOnce()/checkHeartbeatOnce() are the loop bodies, public so
-// tests can drive them with a ManualClock without threads. Hooks must be set before start().
+// (never call it from a hook). Hooks must be set before start(). Tests drive the two loop
+// bodies without threads through the internal rank/watchdog_testing.h.
 #pragma once
 
 #include <condition_variable>
@@ -71,10 +71,6 @@ class TRAINSUP_EXPORT Watchdog {
   void start();
   void stop();
 
-  // One evaluation at clock.now(). Warn and stall are each reported once per section instance.
-  Check checkOnce();
-  // One heartbeat-monitor evaluation; true when it called a hook.
-  bool checkHeartbeatOnce();
   void bumpHeartbeat() { heartbeat_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t heartbeat() const { return heartbeat_.load(std::memory_order_relaxed); }
   void setAbortDeadline(Nanos deadline);
@@ -90,6 +86,11 @@ class TRAINSUP_EXPORT Watchdog {
  private:
   Watchdog(ProgressTracker& progress, Clock& clock, WatchdogOptions options, Hooks hooks,
            std::vector<Nanos> explicit_by_id);
+  friend struct WatchdogTesting;  // rank/watchdog_testing.h
+  // One evaluation at clock.now(). Warn and stall are each reported once per section instance.
+  Check checkOnce();
+  // One heartbeat-monitor evaluation; true when it called a hook.
+  bool checkHeartbeatOnce();
   void watchLoop();
   void monitorLoop();
 

@@ -59,9 +59,10 @@ class TRAINSUP_EXPORT CollectiveTracker {
   Stats stats() const;
   // The newest `n` records (or fewer), oldest first.
   std::vector<CollectiveRecord> recent(size_t n) const;
-  void reset();  // tests
 
  private:
+  friend struct TelemetryTesting;  // telemetry/telemetry_testing.h
+  void reset();                    // forgets every record and count
   mutable Mutex mu_;
   std::array<CollectiveRecord, kCapacity> ring_ TRAINSUP_GUARDED_BY(mu_);  //; slot = seq % kCapacity
   Stats stats_ TRAINSUP_GUARDED_BY(mu_);

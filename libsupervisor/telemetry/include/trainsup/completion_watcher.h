@@ -19,8 +19,8 @@
 // plus one poll per interval while it is in flight.
 //
 // global() is the process-wide instance the torch layer uses; its thread starts on the first
-// watch(). stop() joins it (idempotent; pending records stay pending). Tests construct their
-// own with start_thread = false and drive pollOnce() themselves.
+// watch(). stop() joins it (idempotent; pending records stay pending). Tests drive poll rounds
+// of a watcher without a thread through the internal telemetry/telemetry_testing.h.
 #pragma once
 
 #include <chrono>
@@ -45,8 +45,8 @@ class TRAINSUP_EXPORT CompletionWatcher {
   static constexpr std::chrono::microseconds kDefaultInterval{1000};
 
   explicit CompletionWatcher(CollectiveTracker& tracker,
-                             std::chrono::microseconds interval = kDefaultInterval,
-                             bool start_thread = true);
+                             std::chrono::microseconds interval = kDefaultInterval)
+      : CompletionWatcher(tracker, interval, /*threaded=*/true) {}
   ~CompletionWatcher();
   CompletionWatcher(const CompletionWatcher&) = delete;
   CompletionWatcher& operator=(const CompletionWatcher&) = delete;
@@ -55,13 +55,15 @@ class TRAINSUP_EXPORT CompletionWatcher {
 
   void watch(uint64_t seq, Poll poll);
   void nudge();
-  // One round over the pending works, on the caller's thread; returns how many it ended.
-  // For tests of a watcher built with start_thread = false.
-  size_t pollOnce();
   size_t pending() const;
   void stop();
 
  private:
+  friend struct TelemetryTesting;  // telemetry/telemetry_testing.h
+  // threaded = false: no thread; poll rounds run only in pollOnce().
+  CompletionWatcher(CollectiveTracker& tracker, std::chrono::microseconds interval, bool threaded);
+  // One round over the pending works, on the caller's thread; returns how many it ended.
+  size_t pollOnce();
   struct Entry {
     uint64_t seq;
     Poll poll;
