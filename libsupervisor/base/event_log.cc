@@ -21,6 +21,7 @@ struct EventLog::Impl {
   Clock* clock;
   int fd;
   int pid;
+  bool agent;  // a launcher agent's log: no rank fields
 
   Mutex mu;
   uint64_t seq TRAINSUP_GUARDED_BY(mu) = 0;
@@ -42,7 +43,8 @@ std::string isoTime(WallTime t) {
 
 }  // namespace
 
-Result<std::unique_ptr<EventLog>> EventLog::open(const std::string& path, const Identity& identity, Clock& clock) {
+Result<std::unique_ptr<EventLog>> EventLog::openLog(const std::string& path, const Identity& identity, Clock& clock,
+                                                    bool agent) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return Status::ioError("cannot open event log '" + path + "': " + std::strerror(errno));
   auto impl = std::make_unique<Impl>();
@@ -51,7 +53,20 @@ Result<std::unique_ptr<EventLog>> EventLog::open(const std::string& path, const 
   impl->clock = &clock;
   impl->fd = fd;
   impl->pid = static_cast<int>(getpid());
+  impl->agent = agent;
   return std::unique_ptr<EventLog>(new EventLog(std::move(impl)));
+}
+
+Result<std::unique_ptr<EventLog>> EventLog::open(const std::string& path, const Identity& identity, Clock& clock) {
+  return openLog(path, identity, clock, /*agent=*/false);
+}
+
+Result<std::unique_ptr<EventLog>> EventLog::openAgent(const std::string& path, const std::string& host,
+                                                      const std::string& job_id, Clock& clock) {
+  Identity identity;
+  identity.host = host;
+  identity.job_id = job_id;
+  return openLog(path, identity, clock, /*agent=*/true);
 }
 
 EventLog::EventLog(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -68,15 +83,19 @@ void EventLog::write(std::string_view event, const EventFields& fields) {
   nlohmann::ordered_json j;
   WallTime wall = m.clock->wallNow();
   j["ts"] = isoTime(wall);
-  j["wall_s"] = std::chrono::duration<double>(wall.time_since_epoch()).count();
+  const double wall_s = std::chrono::duration<double>(wall.time_since_epoch()).count();
+  j["wall_s"] = wall_s;
+  if (m.agent) j["time"] = wall_s;
   j["mono_ns"] = m.clock->monotonicNow().count();
   j["host"] = m.identity.host;
-  j["rank"] = m.identity.rank;
-  j["local_rank"] = m.identity.local_rank;
-  j["world_size"] = m.identity.world_size;
+  if (!m.agent) {
+    j["rank"] = m.identity.rank;
+    j["local_rank"] = m.identity.local_rank;
+    j["world_size"] = m.identity.world_size;
+  }
   j["pid"] = m.pid;
   j["job_id"] = m.identity.job_id;
-  j["restart"] = m.identity.restart_count;
+  if (!m.agent) j["restart"] = m.identity.restart_count;
   j["seq"] = 0;
   j["event"] = std::string(event);
   for (const EventField& f : fields) {

@@ -1,6 +1,7 @@
 #include "trainsup/event_log.h"
 
 #include "../test_util.h"
+#include "base/manual_clock.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -65,6 +66,31 @@ TEST(EventLogTest, EveryLineCarriesIdentityAndTimes) {
   EXPECT_EQ(lines[1]["seq"], 1);
   EXPECT_EQ(lines[1]["mono_ns"].get<int64_t>() - e["mono_ns"].get<int64_t>(), 1'000'000'000);
   EXPECT_NEAR(lines[1]["wall_s"].get<double>() - e["wall_s"].get<double>(), 1.0, 1e-6);
+}
+
+// A launcher agent's log is written by the same code: the same common fields, without a rank's.
+TEST(EventLogTest, AnAgentsLinesHaveTheSameFormatWithoutTheRankFields) {
+  ManualClock clock;
+  std::string path = tempDir() + "/agent.jsonl";
+  auto log = EventLog::openAgent(path, "host-b", "run9", clock);
+  ASSERT_TRUE(log.isOk()) << log.status().toString();
+  (*log)->write("verdict", {{"round", 2}, {"hosts", RawJson{"[\"host-a\"]"}}, {"host", "not-the-agent"}});
+  auto lines = readLines(path);
+  ASSERT_EQ(lines.size(), 1u);
+  const auto& e = lines[0];
+  EXPECT_EQ(e["event"], "verdict");
+  EXPECT_EQ(e["host"], "host-b");
+  EXPECT_EQ(e["field_host"], "not-the-agent") << "a field never replaces the line's identity";
+  EXPECT_EQ(e["job_id"], "run9");
+  EXPECT_EQ(e["pid"], getpid());
+  EXPECT_EQ(e["seq"], 0);
+  EXPECT_EQ(e["round"], 2);
+  EXPECT_EQ(e["hosts"][0], "host-a");
+  EXPECT_DOUBLE_EQ(e["time"].get<double>(), e["wall_s"].get<double>());
+  EXPECT_TRUE(e.contains("ts") && e.contains("mono_ns"));
+  for (const char* rank_field : {"rank", "local_rank", "world_size", "restart"}) {
+    EXPECT_FALSE(e.contains(rank_field)) << rank_field;
+  }
 }
 
 TEST(EventLogTest, ConcurrentWritersProduceWholeLines) {

@@ -39,8 +39,9 @@ def _explain(summary):
     for path in sorted(glob.glob(os.path.join(workdir, "run", "agent-*.events.jsonl"))):
         lines.append(f"--- {os.path.basename(path)}")
         for e in _events(path):
-            extra = {k: v for k, v in e.items() if k not in ("event", "time", "mono_ns", "host", "pid")}
-            lines.append(f"{e['time']:.3f} {e['event']} {json.dumps(extra)[:160]}")
+            extra = {k: v for k, v in e.items()
+                     if k not in ("event", "ts", "time", "wall_s", "mono_ns", "host", "pid", "job_id", "seq")}
+            lines.append(f"{e['wall_s']:.3f} {e['event']} {json.dumps(extra)[:160]}")
     for path in sorted(glob.glob(os.path.join(workdir, "agent-*.out"))):
         with open(path, errors="replace") as f:
             tail = f.read().splitlines()[-10:]

@@ -56,3 +56,30 @@ struct Counter {
     assert r.returncode == 1
     errors = [line for line in r.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "unit.cc:7:" in errors[0] and "requires holding mutex 'mu'" in errors[0], r.stderr
+
+
+def test_a_training_process_never_loads_the_agent_layer(tmp_path):
+    """What a rank imports (trainsup, its checkpoints, collectives and Supervisor) maps
+    libtrainsup but not libtrainsup_agent with the coordinator's servers; the launcher's modules
+    do map it (so the check below can see the library when it is there)."""
+    script = tmp_path / "rank.py"
+    script.write_text('''
+import sys
+import trainsup, trainsup.checkpoint, trainsup.distributed
+def mapped():
+    with open("/proc/self/maps") as f:
+        return {line.split()[-1].rsplit("/", 1)[-1].split(".so")[0] for line in f if ".so" in line}
+with trainsup.Supervisor(rank=0, world_size=1, log_dir=sys.argv[1]):
+    rank = mapped()
+import trainsup.telemetry, trainsup.run
+agent = mapped()
+print(sorted(n for n in rank if n.startswith(("libtrainsup", "_trainsup"))))
+print(sorted(n for n in agent if n.startswith(("libtrainsup", "_trainsup"))))
+''')
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "logs")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    rank_libs, agent_libs = (eval(line) for line in r.stdout.strip().splitlines()[-2:])
+    assert "libtrainsup" in rank_libs and "libtrainsup_agent" not in rank_libs, rank_libs
+    assert not any(n.startswith("_trainsup_agent") for n in rank_libs), rank_libs
+    assert "libtrainsup_agent" in agent_libs, agent_libs

@@ -15,7 +15,6 @@ host-attributed logs, the event log, and asynchronous verified checkpoints.
             sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
 """
 import atexit
-import json as _json
 import functools
 import warnings
 import weakref
@@ -25,6 +24,7 @@ from ._build_info import check_torch as _check_torch
 _check_torch()  # before any extension built against torch is loaded
 
 from . import _compat, _trainsup  # noqa: E402
+from .events import json_fields as _json_fields  # noqa: E402
 from .errors import (CorruptionError, Error, InternalError, InvalidArgumentError, IoError,  # noqa: E402
                      NotFoundError, TimedOutError, UnavailableError)
 from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint  # noqa: E402
@@ -184,17 +184,8 @@ class Supervisor:
 
     def event(self, name, **fields):
         """One line in the event log: strings stay strings; numbers, bools, None, lists and dicts
-        keep their JSON types; anything else is written as its str()."""
-        text, raw = {}, {}
-        for k, v in fields.items():
-            if isinstance(v, str):
-                text[k] = v
-                continue
-            try:
-                raw[k] = _json.dumps(v, allow_nan=False)
-            except (TypeError, ValueError):
-                text[k] = str(v)
-        self._sup.event(name, text, raw)
+        keep their JSON types; anything else is written as its str() (trainsup/events.py)."""
+        self._sup.event(name, _json_fields(fields))
 
     @property
     def host(self):

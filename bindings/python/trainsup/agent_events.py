@@ -1,13 +1,12 @@
 """The launcher agent's event log (<run dir>/agent-<host>.events.jsonl, docs/events.md) and the
 name it goes by."""
-import json
 import os
 import socket
 import sys
-import threading
-import time
 
-from . import names
+from . import _trainsup_agent, names
+from .errors import IoError
+from .events import json_fields
 
 
 def node_name():
@@ -17,28 +16,22 @@ def node_name():
 
 
 class AgentEvents:
-    """JSON lines like a rank's event log, for the agent. Thread-safe."""
+    """The agent's event log: lines in the ranks' format, written by the C++ library's one event
+    log writer (trainsup/event_log.h; docs/events.md), without the rank fields. Thread-safe."""
 
-    def __init__(self, run_dir, host):
+    def __init__(self, run_dir, host, run_id=""):
         os.makedirs(run_dir, exist_ok=True)
         self.path = names.agent_events_file(run_dir, host)
         self.host = host
-        self._lock = threading.Lock()
-        self._warned = False
+        try:
+            self._log = _trainsup_agent.AgentEventLog(self.path, host, run_id)
+        except IoError as e:
+            # Never stops the agent from doing what its events report; said once.
+            self._log = None
+            print(f"[trainsup] {e} (this agent's events are lost)", file=sys.stderr, flush=True)
 
     def write(self, event, **fields):
         """Appends one event. A log that cannot be written (a full disk) loses the event, says so
-        once on stderr, and never stops the agent from doing what the event reports."""
-        now = time.time()
-        # wall_s as in the ranks' event logs (one name for one fact); time is the same value,
-        # kept for readers of earlier releases.
-        line = {"event": event, "time": now, "wall_s": now, "mono_ns": time.monotonic_ns(), "host": self.host,
-                "pid": os.getpid(), **fields}
-        try:
-            with self._lock, open(self.path, "a") as f:
-                f.write(json.dumps(line) + "\n")
-        except OSError as e:
-            if not self._warned:
-                self._warned = True
-                print(f"[trainsup] agent event log {self.path}: {e} (events are lost until it can be written)",
-                      file=sys.stderr, flush=True)
+        once on stderr, and never raises."""
+        if self._log is not None:
+            self._log.write(event, json_fields(fields))

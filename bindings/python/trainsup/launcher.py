@@ -24,7 +24,7 @@ from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from . import _compat as compat
-from . import _trainsup
+from . import _trainsup_agent
 from .agent_events import AgentEvents, node_name
 from .classify import classify_attempt
 from .expedite import expedite_round
@@ -41,7 +41,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.settings = settings
         self.node = node_name()
         self.run_dir = settings["run_dir"]
-        self.events = AgentEvents(self.run_dir, self.node)
+        self.events = AgentEvents(self.run_dir, self.node, inner.get_run_id())
         # A store written in Python (etcd) must stay referenced here: the PrefixStore keeps only
         # its C++ half, and torch finds the Python methods through the live Python object.
         self._base_store = compat.trainsup_store(inner)
@@ -67,7 +67,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                          "agent_silence_unconfirmed", silent_host=host, silent_s=round(silent_s, 3),
                                          own_beats=own, reason=reason),
                                      on_slow=self.watch.slow_link,
-                                     slow_link_multiplier=_trainsup.DETECTOR_DEFAULTS["slow_link_multiplier"])
+                                     slow_link_multiplier=_trainsup_agent.DETECTOR_DEFAULTS["slow_link_multiplier"])
         self.quarantine.preflight()
 
     # --- RendezvousHandler ---

@@ -37,7 +37,7 @@ import uuid
 
 from . import _compat as compat
 from . import names
-from ._trainsup import DETECTOR_DEFAULTS, check_collective_budgets
+from ._trainsup_agent import DETECTOR_DEFAULTS, check_collective_budgets
 from .ports import free_port
 
 OUR_FLAGS = {

@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 
-from . import _trainsup
+from . import _trainsup_agent
 from .names import telemetry_key
 
 
@@ -88,7 +88,7 @@ class NodeServices:
         self.bind = bind
         self.advertise = advertise or bind
         self.takeover_s = takeover_s
-        defaults = _trainsup.DETECTOR_DEFAULTS  # None: the C++ default
+        defaults = _trainsup_agent.DETECTOR_DEFAULTS  # None: the C++ default
         self.hang_floor_s = defaults["hang_floor_s"] if hang_floor_s is None else hang_floor_s
         self.heartbeat_timeout_s = defaults["heartbeat_timeout_s"] if heartbeat_timeout_s is None else heartbeat_timeout_s
         self.collective_budgets = collective_budgets
@@ -111,7 +111,7 @@ class NodeServices:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._disconnected_since = None
-        self.monitor = _trainsup.NodeMonitor(self.socket_path, "127.0.0.1", 0, self.token)
+        self.monitor = _trainsup_agent.NodeMonitor(self.socket_path, "127.0.0.1", 0, self.token)
         self._follow_or_elect()
         self._thread = threading.Thread(target=self._run, name="trainsup-node-services", daemon=True)
         self._thread.start()
@@ -147,7 +147,7 @@ class NodeServices:
                 known = [tuple(r) for r in rank_table(self.store, self.job_id)]
             except Exception:
                 known = []
-        c = _trainsup.Coordinator(self.world_size, self.token, bind=self.bind, port=0,
+        c = _trainsup_agent.Coordinator(self.world_size, self.token, bind=self.bind, port=0,
                                   hang_floor_s=self.hang_floor_s, heartbeat_timeout_s=self.heartbeat_timeout_s,
                                   expect_within_s=self.heartbeat_timeout_s + 1.0 if takeover else 0.0,
                                   known_ranks=known, collective_budgets=self.collective_budgets,

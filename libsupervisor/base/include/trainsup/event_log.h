@@ -3,7 +3,10 @@
 // Contract: every line carries "ts" (UTC, ISO 8601 with microseconds), "wall_s" (seconds since
 // the Unix epoch), "mono_ns" (CLOCK_MONOTONIC, comparable across processes of one host),
 // "host", "rank", "local_rank", "world_size", "pid", "job_id", "restart", "seq" (per-file
-// counter) and "event", followed by the event's own fields. docs/events.md is the schema.
+// counter) and "event", followed by the event's own fields. A launcher agent's log (openAgent)
+// has the same lines without the rank fields ("rank", "local_rank", "world_size", "restart")
+// and with "time", the same value as "wall_s" (the name earlier releases of the agent wrote).
+// docs/events.md is the schema; this file is the one writer of both.
 // write() is thread-safe and flushes each line to the kernel, so a line survives the
 // process dying right after; it is not on any hot path (events are rare). A write that fails
 // (disk full) is counted, reported once on stderr, and never throws into the caller.
@@ -63,6 +66,9 @@ class TRAINSUP_EXPORT EventLog {
   // Opens (appends to) `path`, creating it. Fails with IoError naming the path.
   static Result<std::unique_ptr<EventLog>> open(const std::string& path, const Identity& identity,
                                                 Clock& clock);
+  // The log of a launcher agent on `host` (no rank): the same format, without the rank fields.
+  static Result<std::unique_ptr<EventLog>> openAgent(const std::string& path, const std::string& host,
+                                                     const std::string& job_id, Clock& clock);
   ~EventLog();
   EventLog(const EventLog&) = delete;
   EventLog& operator=(const EventLog&) = delete;
@@ -73,6 +79,8 @@ class TRAINSUP_EXPORT EventLog {
 
  private:
   struct Impl;
+  static Result<std::unique_ptr<EventLog>> openLog(const std::string& path, const Identity& identity, Clock& clock,
+                                                   bool agent);
   explicit EventLog(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
