@@ -190,4 +190,14 @@ def test_only_compat_touches_torch_internals():
                 if root in ("torch", "dist", "c10d") or "distributed_c10d" in chain or node.attr in (
                         "_get_backend", "_get_default_group", "_get_default_store", "_abort_process_group"):
                     offenders.append(f"{path.name}:{node.lineno} uses {node.attr}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+                  and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+                # A private attribute by name (getattr(module, "_orig_mod")) of anything but our
+                # own objects; namedtuple's documented `_fields` and the like are public.
+                name = node.args[1].value
+                own = isinstance(node.args[0], ast.Name) and node.args[0].id == "self"
+                if (name.startswith("_") and not name.startswith("__") and not own
+                        and name not in ("_fields", "_asdict", "_replace", "_make")):
+                    offenders.append(f"{path.name}:{node.lineno} uses {name} by name")
     assert offenders == []

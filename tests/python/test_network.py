@@ -72,7 +72,10 @@ def test_a_host_with_a_lossy_slow_link_is_a_straggler_not_dead(tmp_path):
     # communication_fault (seen once, with CI's background builds delaying the slow-link report
     # to 7.9 s): the job restarts with every host; it names no culprit (docs/reliability.md).
     assert s["quarantine"] == [], s
-    assert all(v["kind"] == "communication_fault" for v in s["verdicts"]), s
     assert [x["host"] for x in slow] == ["host-b"] and slow[0]["after_s"] <= 10, s
+    # ...and only then: a verdict more than 1 s after host-b published its slow link (the
+    # coordinator's agent passes it on within about half a second) is a defect, whatever its kind.
+    assert all(v["kind"] == "communication_fault" and v["after_s"] < slow[0]["after_s"] + 1.0
+               for v in s["verdicts"]), s
     assert all(x["hosts"] == ["host-b"] for x in s["stragglers"]), s
     assert s["finished"] and s["agent_exit_codes"] == {"host-a": 0, "host-b": 0}, s

@@ -44,6 +44,14 @@ def abort_process_groups(dist):
         group_backend(c10d._get_default_group(), "cuda").abort()
 
 
+def compiled_module_inner(obj):
+    """The module a torch.compile'd module (an OptimizedModule) wraps, whose state dict has no
+    `_orig_mod.` prefixes; None for anything else."""
+    import torch
+    inner = getattr(obj, "_orig_mod", None)
+    return inner if isinstance(obj, torch.nn.Module) and isinstance(inner, torch.nn.Module) else None
+
+
 # --- torchrun ----------------------------------------------------------------------------------
 
 def torchrun_parser():

@@ -21,7 +21,7 @@ import random
 
 import torch
 
-from . import _trainsup
+from . import _compat, _trainsup
 
 _TO_NAME = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -67,8 +67,8 @@ def _dtensor_class():
 
 def _unwrap(obj):
     """The module a torch.compile'd one wraps: its state dict has no `_orig_mod.` prefixes."""
-    inner = getattr(obj, "_orig_mod", None)
-    return inner if isinstance(obj, torch.nn.Module) and isinstance(inner, torch.nn.Module) else obj
+    inner = _compat.compiled_module_inner(obj)
+    return inner if inner is not None else obj
 
 
 def _flatten(prefix, obj, tensors):

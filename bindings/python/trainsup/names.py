@@ -20,6 +20,10 @@ Store keys (the launcher's agents use a PrefixStore "trainsup/" over the rendezv
                                  every agent that ever joined (the witnesses)
   agents/<run>/slow_changes      moves whenever a host's "slow" key changes
   trainsup/quarantine/<host>     the quarantine record mirrored in the store
+  restarts/<run>                 the job's restarts so far (restarts.RestartGuard)
+  restarts/<run>/count-<r>       agents that reached the restart after round r (the first counts it)
+  restarts/<run>/progress        the newest valid checkpoint step at the last restart
+  restarts/<run>/stuck           restarts in a row without that step moving
 <job> is "<run id>.<round>"; <run> is torchrun's run id.
 
 Files (under the launcher's run directory):
@@ -57,6 +61,11 @@ def agent_list_key(run_id, index):
 
 def slow_changes_key(run_id):
     return f"agents/{run_id}/slow_changes"
+
+
+def restarts_key(run_id, name=None):
+    """restarts/<run>, or restarts/<run>/<name> (count-<r>, progress, stuck)."""
+    return f"restarts/{run_id}" if name is None else f"restarts/{run_id}/{name}"
 
 
 def quarantine_key(host):

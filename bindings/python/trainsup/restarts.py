@@ -3,7 +3,7 @@ store, and a job that restarts more than TRAINSUP_MAX_RESTARTS times, or
 TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS times in a row without the newest valid checkpoint
 moving, gives up with EXIT_DO_NOT_REQUEUE (96): a fault that recurs on every host (user code,
 a bad checkpoint) must not burn the allocation."""
-from . import _trainsup
+from . import _trainsup, names
 from .telemetry import peek
 
 EXIT_DO_NOT_REQUEUE = _trainsup.EXIT_DO_NOT_REQUEUE  # trainsup/exit_codes.h: 96
@@ -29,13 +29,12 @@ class RestartGuard:
     def account(self, failed_round):
         """Counts the restart after `failed_round` (the first agent of the round to get here
         counts it) and returns why the job must give up, or None to go on."""
-        key = f"restarts/{self.run_id}"
-        n = int(self.store.add(f"{key}/count-{failed_round}", 1))
-        restarts = int(self.store.add(key, 1 if n == 1 else 0))
+        n = int(self.store.add(names.restarts_key(self.run_id, f"count-{failed_round}"), 1))
+        restarts = int(self.store.add(names.restarts_key(self.run_id), 1 if n == 1 else 0))
         step = newest_valid_step(self.checkpoint_dir)
-        progress_key = f"{key}/progress"
+        progress_key = names.restarts_key(self.run_id, "progress")
         last = peek(self.store, progress_key)
-        stuck_key = f"{key}/stuck"
+        stuck_key = names.restarts_key(self.run_id, "stuck")
         if n == 1:
             if last is not None and int(last) >= step:
                 self.store.add(stuck_key, 1)

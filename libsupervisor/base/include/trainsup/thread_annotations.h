@@ -3,7 +3,7 @@
 // Contract: macros for Clang's -Wthread-safety analysis (as leveldb's port/thread_annotations.h
 // and Abseil's): a member declared TRAINSUP_GUARDED_BY(mu_) may only be touched with mu_ held,
 // a function declared TRAINSUP_REQUIRES(mu_) only called with it held, TRAINSUP_EXCLUDES(mu_)
-// only without. They expand to nothing for other compilers; scripts/check-thread-safety.sh
+// only without. They expand to nothing for other compilers; tests/layers/check_thread_safety.py
 // (ctest layers.thread_safety) compiles libsupervisor with Clang and -Werror=thread-safety.
 // Locks are trainsup::Mutex (trainsup/mutex.h): libstdc++'s std::mutex carries no annotations.
 #pragma once
