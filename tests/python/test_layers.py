@@ -1,5 +1,6 @@
 """libsupervisor's layering check (tests/layers/check_layers.py) passes on the tree and names
 the file, line and rule when a layer includes one it may not use."""
+import os
 import pathlib
 import shutil
 import subprocess
@@ -76,8 +77,9 @@ agent = mapped()
 print(sorted(n for n in rank if n.startswith(("libtrainsup", "_trainsup"))))
 print(sorted(n for n in agent if n.startswith(("libtrainsup", "_trainsup"))))
 ''')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     r = subprocess.run([sys.executable, str(script), str(tmp_path / "logs")], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     rank_libs, agent_libs = (eval(line) for line in r.stdout.strip().splitlines()[-2:])
     assert "libtrainsup" in rank_libs and "libtrainsup_agent" not in rank_libs, rank_libs

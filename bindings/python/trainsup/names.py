@@ -21,7 +21,9 @@ Store keys (the launcher's agents use a PrefixStore "trainsup/" over the rendezv
   agents/<run>/slow_changes      moves whenever a host's "slow" key changes
   trainsup/quarantine/<host>     the quarantine record mirrored in the store
   restarts/<run>                 the job's restarts so far (restarts.RestartGuard)
-  restarts/<run>/count-<r>       agents that reached the restart after round r (the first counts it)
+  restarts/<run>/count-<r>       agents that reached the restart after round r (the first decides)
+  restarts/<run>/decision-<r>    JSON {"restarts", "step", "stuck"}: that first agent's decision,
+                                 which every other agent of the round takes
   restarts/<run>/progress        the newest valid checkpoint step at the last restart
   restarts/<run>/stuck           restarts in a row without that step moving
 <job> is "<run id>.<round>"; <run> is torchrun's run id.

@@ -1,0 +1,100 @@
+"""The launcher's restart guard (trainsup/restarts.py): every agent of a failed round reaches the
+same decision. The scenario suite once hung for 600 s: host-a counted the round's restart and
+gave up (96) while host-b, reading the no-progress counter before host-a had moved it, went back
+to a rendezvous that could never form."""
+import json
+import threading
+
+import torch.distributed as dist
+
+from trainsup.restarts import RestartGuard
+
+
+class Events:
+    def __init__(self):
+        self.lines = []
+
+    def write(self, event, **fields):
+        self.lines.append(dict(fields, event=event))
+
+
+class GatedStore(dist.Store):
+    """A HashStore in which the round's first agent, right after it has counted itself first,
+    waits until the second agent has done its own count and is reading: the interleaving that
+    split the agents."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = dist.HashStore()
+        self.second_arrived = threading.Event()
+
+    def add(self, key, value):
+        n = self.inner.add(key, value)
+        if "/count-" in key:
+            if n == 1:
+                assert self.second_arrived.wait(10), "the second agent never came"
+            else:
+                self.second_arrived.set()
+        return n
+
+    def set(self, key, value):
+        self.inner.set(key, value)
+
+    def get(self, key):
+        return self.inner.get(key)
+
+    def compare_set(self, key, expected, desired):
+        return self.inner.compare_set(key, expected, desired)
+
+    def wait(self, keys, timeout=None):
+        self.inner.wait(keys, timeout)
+
+    def check(self, keys):
+        return self.inner.check(keys)
+
+
+def _guard(store, tmp_path, events):
+    return RestartGuard(store, "run1", str(tmp_path / "no-checkpoints"), max_restarts=20,
+                        max_restarts_without_progress=1, events=events)
+
+
+def _account_together(store, tmp_path, failed_round):
+    results, events = [None, None], [Events(), Events()]
+
+    def agent(i):
+        results[i] = _guard(store, tmp_path, events[i]).account(failed_round)
+
+    threads = [threading.Thread(target=agent, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    return results, [e.lines[-1] for e in events]
+
+
+def test_every_agent_of_a_round_reaches_the_same_decision(tmp_path):
+    gated = GatedStore()
+    store = dist.PrefixStore("trainsup/", gated)  # as the agents see the rendezvous store
+    decisions = []
+    for failed_round in range(3):  # no checkpoint ever: no progress after each restart
+        results, lines = _account_together(store, tmp_path, failed_round)
+        assert results[0] == results[1], (failed_round, results, lines)
+        assert lines[0] == lines[1] and "decision_missing" not in lines[0], lines
+        decisions.append((results[0], lines[0]["restarts"], lines[0]["restarts_without_progress"]))
+    # One restart counted per round, not per agent; the second one without progress gives up.
+    assert [d[1:] for d in decisions] == [(1, 0), (2, 1), (3, 2)], decisions
+    assert decisions[0][0] is None and decisions[1][0] is None
+    assert decisions[2][0] == "2 restarts without a newer checkpoint (cap 1)"
+    assert json.loads(store.get("restarts/run1/decision-2")) == {"restarts": 3, "step": -1, "stuck": 2}
+
+
+def test_an_agent_left_without_a_decision_decides_from_the_counters_and_says_so(tmp_path):
+    store = dist.PrefixStore("trainsup/", dist.HashStore())
+    store.add("restarts/run1/count-0", 1)  # the round's first agent counted itself and vanished
+    store.add("restarts/run1", 4)
+    events = Events()
+    guard = _guard(store, tmp_path, events)
+    guard.DECISION_WAIT_S = 0.2
+    assert guard.account(0) is None
+    assert events.lines[-1]["decision_missing"] is True and events.lines[-1]["restarts"] == 4
