@@ -98,3 +98,12 @@ def test_an_agent_left_without_a_decision_decides_from_the_counters_and_says_so(
     guard.DECISION_WAIT_S = 0.2
     assert guard.account(0) is None
     assert events.lines[-1]["decision_missing"] is True and events.lines[-1]["restarts"] == 4
+
+
+def test_a_store_written_in_python_can_be_peeked_directly():
+    """telemetry.peek on a dist.Store subclass itself, not behind a PrefixStore (pybind11 took
+    trainsup's compare_set(store, ...) for the override recursing into itself)."""
+    from trainsup.telemetry import compare_set, peek
+    store = GatedStore()
+    assert peek(store, "k") is None
+    assert compare_set(store, "k", "", "v") == b"v" and peek(store, "k") == "v"

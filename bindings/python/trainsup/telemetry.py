@@ -43,7 +43,14 @@ def compare_set(store, key, expected, desired):
         from ._trainsup_torch import store_compare_set
     except ImportError:
         return store.compare_set(key, expected, desired)
-    return store_compare_set(store, key, expected, desired)
+    return _through_binding(store_compare_set, store, key, expected, desired)
+
+
+def _through_binding(fn, store, key, expected, desired):
+    # Not called from compare_set's own frame: for a store written in Python (a dist.Store
+    # subclass), pybind11 takes a frame named compare_set whose first argument is the store for
+    # the override calling itself, and torch then fails with "Not implemented".
+    return fn(store, key, expected, desired)
 
 
 def peek(store, key):
