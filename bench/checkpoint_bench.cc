@@ -18,7 +18,9 @@
 //
 //   trainsup_bench_checkpoint [dir=/tmp/trainsup-bench] [rounds=6] [step_s=0.5]
 #include <fcntl.h>
-#include <torch/torch.h>
+#include <torch/serialize.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <algorithm>

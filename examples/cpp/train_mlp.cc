@@ -10,7 +10,9 @@
 // Fault injection (for the demo and the tests): --stall-at-step N (or TRAINSUP_INJECT_STALL_AT_STEP)
 // makes step N block forever — sleeping (--stall-kind sleep), spinning on the CPU (spin), or
 // waiting on a lock that is never released (deadlock) — so the watchdog must catch it.
-#include <torch/torch.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/sgd.h>
+#include <torch/utils.h>
 
 #include <CLI/CLI.hpp>
 #include <atomic>

@@ -1,7 +1,10 @@
 // The libtorch adapter: modules, optimizers, tensors and the CPU RNG state go through a real
 // checkpoint and come back bitwise; a model that does not match stops the restore.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+#include <torch/utils.h>
 #include <unistd.h>
 
 #include <filesystem>

@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 namespace trainsup {
 namespace {
