@@ -38,3 +38,16 @@ def test_agent_and_rank_event_lines_have_one_format(tmp_path):
     assert a["time"] == a["wall_s"] and a["host"] == rank["host"] == "host-a" and a["job_id"] == "run7"
     rank_only = {"rank", "local_rank", "world_size", "restart"}
     assert set(a) - {"time", "restarts", "hosts", "note"} == set(rank) - rank_only - {"restarts"}
+
+
+def test_an_agent_event_log_that_cannot_be_opened_loses_events_until_it_can(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "agent-host-a.events.jsonl").mkdir()  # in the way: the log cannot be opened
+    events = AgentEvents(str(run), "host-a")
+    events.write("agent_start", run_id="r")  # lost, and nothing raised
+    events.write("rendezvous_join", previous_round=None)
+    assert capsys.readouterr().err.count("this agent's events are lost") == 1
+    (run / "agent-host-a.events.jsonl").rmdir()
+    events.write("agent_stop")
+    assert [json.loads(line)["event"] for line in open(run / "agent-host-a.events.jsonl")] == ["agent_stop"]

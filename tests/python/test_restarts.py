@@ -20,21 +20,23 @@ class Events:
 
 class GatedStore(dist.Store):
     """A HashStore in which the round's first agent, right after it has counted itself first,
-    waits until the second agent has done its own count and is reading: the interleaving that
-    split the agents."""
+    waits until the second agent has done its own count and is reading (the interleaving that
+    split the agents), or with `until_published`, until the second one has given up waiting
+    for it and published a decision of its own (a first agent stalled past the wait)."""
 
-    def __init__(self):
+    def __init__(self, until_published=False):
         super().__init__()
         self.inner = dist.HashStore()
-        self.second_arrived = threading.Event()
+        self.until_published = until_published
+        self.release = threading.Event()
 
     def add(self, key, value):
         n = self.inner.add(key, value)
         if "/count-" in key:
             if n == 1:
-                assert self.second_arrived.wait(10), "the second agent never came"
-            else:
-                self.second_arrived.set()
+                assert self.release.wait(10), "the second agent never came"
+            elif not self.until_published:
+                self.release.set()
         return n
 
     def set(self, key, value):
@@ -44,7 +46,10 @@ class GatedStore(dist.Store):
         return self.inner.get(key)
 
     def compare_set(self, key, expected, desired):
-        return self.inner.compare_set(key, expected, desired)
+        value = self.inner.compare_set(key, expected, desired)
+        if self.until_published and "/decision-" in key and expected == b"":
+            self.release.set()
+        return value
 
     def wait(self, keys, timeout=None):
         self.inner.wait(keys, timeout)
@@ -53,16 +58,18 @@ class GatedStore(dist.Store):
         return self.inner.check(keys)
 
 
-def _guard(store, tmp_path, events):
-    return RestartGuard(store, "run1", str(tmp_path / "no-checkpoints"), max_restarts=20,
-                        max_restarts_without_progress=1, events=events)
+def _guard(store, tmp_path, events, wait_s=RestartGuard.DECISION_WAIT_S):
+    guard = RestartGuard(store, "run1", str(tmp_path / "no-checkpoints"), max_restarts=20,
+                         max_restarts_without_progress=1, events=events)
+    guard.DECISION_WAIT_S = wait_s
+    return guard
 
 
-def _account_together(store, tmp_path, failed_round):
+def _account_together(store, tmp_path, failed_round, wait_s=RestartGuard.DECISION_WAIT_S):
     results, events = [None, None], [Events(), Events()]
 
     def agent(i):
-        results[i] = _guard(store, tmp_path, events[i]).account(failed_round)
+        results[i] = _guard(store, tmp_path, events[i], wait_s).account(failed_round)
 
     threads = [threading.Thread(target=agent, args=(i,)) for i in range(2)]
     for t in threads:
@@ -74,7 +81,7 @@ def _account_together(store, tmp_path, failed_round):
 
 
 def test_every_agent_of_a_round_reaches_the_same_decision(tmp_path):
-    gated = GatedStore()
+    gated = GatedStore()  # kept referenced: the PrefixStore holds only its C++ half
     store = dist.PrefixStore("trainsup/", gated)  # as the agents see the rendezvous store
     decisions = []
     for failed_round in range(3):  # no checkpoint ever: no progress after each restart
@@ -94,10 +101,21 @@ def test_an_agent_left_without_a_decision_decides_from_the_counters_and_says_so(
     store.add("restarts/run1/count-0", 1)  # the round's first agent counted itself and vanished
     store.add("restarts/run1", 4)
     events = Events()
-    guard = _guard(store, tmp_path, events)
-    guard.DECISION_WAIT_S = 0.2
-    assert guard.account(0) is None
-    assert events.lines[-1]["decision_missing"] is True and events.lines[-1]["restarts"] == 4
+    assert _guard(store, tmp_path, events, wait_s=0.2).account(0) is None
+    assert events.lines[-1]["decision_missing"] is True and events.lines[-1]["restarts"] == 5
+    assert store.get("restarts/run1") == b"5"  # the counters follow the published decision
+
+
+def test_a_first_agent_slower_than_the_wait_takes_the_decision_published_meanwhile(tmp_path):
+    gated = GatedStore(until_published=True)  # kept referenced: the PrefixStore holds only its C++ half
+    store = dist.PrefixStore("trainsup/", gated)
+    store.add("restarts/run1/stuck", 1)
+    store.set("restarts/run1/progress", "-1")  # a restart without progress was counted before
+    results, lines = _account_together(store, tmp_path, 0, wait_s=0.2)
+    assert results[0] == results[1] == "2 restarts without a newer checkpoint (cap 1)", (results, lines)
+    assert [{k: v for k, v in line.items() if k != "decision_missing"} for line in lines] == [
+        {"event": "restart", "restarts": 1, "newest_checkpoint_step": -1, "restarts_without_progress": 2}] * 2
+    assert sorted(line.get("decision_missing", False) for line in lines) == [False, True]
 
 
 def test_a_store_written_in_python_can_be_peeked_directly():

@@ -22,16 +22,26 @@ class AgentEvents:
     def __init__(self, run_dir, host, run_id=""):
         os.makedirs(run_dir, exist_ok=True)
         self.path = names.agent_events_file(run_dir, host)
-        self.host = host
+        self.host, self.run_id = host, run_id
+        self._log = None
+        self._warned = False
+        self._open()
+
+    def _open(self):
         try:
-            self._log = _trainsup_agent.AgentEventLog(self.path, host, run_id)
+            self._log = _trainsup_agent.AgentEventLog(self.path, self.host, self.run_id)
         except IoError as e:
-            # Never stops the agent from doing what its events report; said once.
-            self._log = None
-            print(f"[trainsup] {e} (this agent's events are lost)", file=sys.stderr, flush=True)
+            # Never stops the agent from doing what its events report; said once, and the next
+            # event tries again (the directory may come back).
+            if not self._warned:
+                self._warned = True
+                print(f"[trainsup] {e} (this agent's events are lost until it can be opened)", file=sys.stderr,
+                      flush=True)
 
     def write(self, event, **fields):
         """Appends one event. A log that cannot be written (a full disk) loses the event, says so
         once on stderr, and never raises."""
+        if self._log is None:
+            self._open()
         if self._log is not None:
             self._log.write(event, json_fields(fields))
