@@ -7,7 +7,7 @@ import json
 import time
 
 from . import _trainsup, names
-from .telemetry import compare_set, peek
+from .telemetry import first_set, peek
 
 EXIT_DO_NOT_REQUEUE = _trainsup.EXIT_DO_NOT_REQUEUE  # trainsup/exit_codes.h: 96
 
@@ -55,8 +55,7 @@ class RestartGuard:
         """The round's decision: `mine` if it is the first published (then the counters follow
         it), else the one published before."""
         text = json.dumps(mine, sort_keys=True)
-        won = compare_set(self.store, key, "", text)
-        won = won.decode() if isinstance(won, (bytes, bytearray)) else str(won)
+        won = first_set(self.store, key, text)
         if won == text:
             self.store.set(self._key(), str(mine["restarts"]))
             self.store.set(self._key("stuck"), str(mine["stuck"]))

@@ -61,6 +61,12 @@ def peek(store, key):
     return None if value == _ABSENT else value
 
 
+def first_set(store, key, value):
+    """Sets `key` to `value` unless it is set already; the value in force, as text (the first
+    writer's, for everyone)."""
+    return _text(compare_set(store, key, "", value))
+
+
 def publish_verdict(store, job_id, verdict, replaces=()):
     """Makes `verdict` the job round's first fatal verdict unless one is there already (or the
     one there is of a kind in `replaces`). Returns the verdict in force."""
@@ -137,7 +143,7 @@ class NodeServices:
         mine = secrets.token_hex(16)
         if self.store is None:
             return mine
-        return _text(compare_set(self.store, telemetry_key(self.job_id, "token"), "", mine))
+        return first_set(self.store, telemetry_key(self.job_id, "token"), mine)
 
     def _published(self):
         if self.store is None:

@@ -18,7 +18,7 @@ import sys
 import threading
 
 from . import names
-from .telemetry import compare_set, publish_verdict, rank_table
+from .telemetry import first_set, publish_verdict, rank_table
 
 # Verdicts that say a host is broken (not the program): its host is quarantined.
 QUARANTINE_KINDS = {"hung_rank", "silent_rank", "stalled_rank", "dead_rank", "dead_host"}
@@ -144,7 +144,7 @@ class VerdictWatch:
                     self.order_local_abort(services, ours)
             # Two agents watch each host: the first to claim it quarantines (and runs the commands).
             claim = names.lost_claim_key(a.get_run_id(), host, desc)
-            if a.quarantine.get(host) is None and compare_set(a.store, claim, "", a.node) == a.node.encode():
+            if a.quarantine.get(host) is None and first_set(a.store, claim, a.node) == a.node:
                 a.quarantine.impose(host, evidence, "dead_host", gpu=(gpus or [""])[0])
             if desc is not None:
                 a.evict(host, desc)
