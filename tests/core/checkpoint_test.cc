@@ -591,7 +591,11 @@ TEST(CheckpointMultiRankTest, RanksAgreeCommitAndRestoreTogether) {
     for (int64_t step = 1; step <= 40; ++step) {
       // Only rank 0's clock matters for "due": skew the others wildly.
       clocks[rank].advance(seconds(rank == 0 ? 10 : 1 + 50 * rank));
-      if (rank == 2 && step == 30) faulty.arm({FaultyFileSystem::Op::kSync, "shard", 0, Status::ioError("injected EIO")});
+      // The fault names step 30's directory: step 20's persist may still be running here (a
+      // loaded machine), and its shard must not be the one that fails.
+      if (rank == 2 && step == 30) {
+        faulty.arm({FaultyFileSystem::Op::kSync, checkpointDirName(30), 0, Status::ioError("injected EIO")});
+      }
       // No waiting for persists: they overlap later steps and decision points, as in a real job.
       auto r = c->maybeSave(step, s.collect(step));
       if (r.isOk() && *r == Checkpointer::Outcome::kStarted) saved[rank].push_back(step);
