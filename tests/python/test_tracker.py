@@ -73,3 +73,25 @@ def test_collective_held_back_by_a_peer_stays_in_flight_until_it_finishes(tmp_pa
         for p in procs:
             if p.poll() is None:
                 p.kill()
+
+
+def test_releasing_the_wrapper_from_python_never_holds_the_gil_while_gloo_shuts_down(tmp_path):
+    """The wrapper's destructor destroys the real backend; ~ProcessGroupGloo joins its worker
+    threads, which may need the GIL to free a collective's tensors. Holding the GIL there
+    deadlocked a rank of PyTorch's own DDP tests under trainsup (seen twice in CI)."""
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backend_release_worker.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
+    init = str(tmp_path / "init")
+    procs = [subprocess.Popen([sys.executable, worker, str(r), init], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        out, err = procs[0].communicate(timeout=60)  # a deadlock never ends: this times out
+    finally:
+        procs[1].communicate("go\n", timeout=30)
+        for p in procs:
+            p.kill()
+    assert procs[0].returncode == 0, err[-3000:]
+    r = json.loads(out.strip().splitlines()[-1])
+    print(f"[measure] wrapper released in {r['release_s']:.2f} s; a Python thread ticked {r['ticks']} times meanwhile")
+    assert r["release_s"] > 1.0, r  # it did wait for gloo's worker (the all-reduce's 3 s timeout)...
+    assert r["ticks"] > 100, r      # ...without the GIL: other Python threads ran

@@ -19,8 +19,14 @@ PYBIND11_MODULE(_trainsup_torch, m) {
   m.doc() = "trainsup's c10d Backend wrapper that feeds the collective tracker";
   m.attr("BUILT_WITH_TORCH") = TORCH_VERSION;
   py::module::import("torch.distributed");  // registers c10d::ProcessGroup and Backend with pybind11
+  // Its destructor releases the GIL, as torch's own Backend bindings do: destroying the wrapper
+  // destroys the real backend, and ~ProcessGroupGloo joins worker threads that may need the GIL
+  // to free a collective's tensors (a deadlock, seen in PyTorch's DDP tests, when the last
+  // reference went away in Python).
+  static_assert(PYBIND11_VERSION_HEX >= 0x020C0000,
+                "trainsup needs torch's pybind11 >= 2.12 (py::release_gil_before_calling_cpp_dtor)");
   py::class_<trainsup::TrackingBackend, c10d::Backend, c10::intrusive_ptr<trainsup::TrackingBackend>>(
-      m, "TrackingBackend",
+      m, "TrackingBackend", py::release_gil_before_calling_cpp_dtor(),
       "A c10d Backend in front of the real one; every collective is recorded in the tracker")
       .def_property_readonly("inner", &trainsup::TrackingBackend::inner,
                              "the real backend (ProcessGroupGloo, ProcessGroupNCCL, ...)");
