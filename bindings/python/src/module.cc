@@ -14,10 +14,8 @@
 #include <unistd.h>
 
 #include <future>
-#include <mutex>
 #include <optional>
 #include <thread>
-#include <tuple>
 
 #include "trainsup/checkpointer.h"
 #include "trainsup/collective_tracker.h"

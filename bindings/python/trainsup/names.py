@@ -22,8 +22,8 @@ Store keys (the launcher's agents use a PrefixStore "trainsup/" over the rendezv
   trainsup/quarantine/<host>     the quarantine record mirrored in the store
   restarts/<run>                 the job's restarts so far (restarts.RestartGuard)
   restarts/<run>/count-<r>       agents that reached the restart after round r (the first decides)
-  restarts/<run>/decision-<r>    JSON {"restarts", "step", "stuck"}: that first agent's decision,
-                                 which every other agent of the round takes
+  restarts/<run>/decision-<r>    JSON {"restarts", "step", "stuck"}: the round's decision, set once
+                                 (by that first agent, or by one that waited for it in vain)
   restarts/<run>/progress        the newest valid checkpoint step at the last restart
   restarts/<run>/stuck           restarts in a row without that step moving
 <job> is "<run id>.<round>"; <run> is torchrun's run id.
@@ -66,7 +66,7 @@ def slow_changes_key(run_id):
 
 
 def restarts_key(run_id, name=None):
-    """restarts/<run>, or restarts/<run>/<name> (count-<r>, progress, stuck)."""
+    """restarts/<run>, or restarts/<run>/<name> (count-<r>, decision-<r>, progress, stuck)."""
     return f"restarts/{run_id}" if name is None else f"restarts/{run_id}/{name}"
 
 

@@ -72,7 +72,7 @@ def publish_verdict(store, job_id, verdict, replaces=()):
     one there is of a kind in `replaces`). Returns the verdict in force."""
     key = telemetry_key(job_id, "verdict")
     text = json.dumps(verdict)
-    current = _text(compare_set(store, key, "", text))
+    current = first_set(store, key, text)
     while current != text:
         try:
             held = json.loads(current)
