@@ -3,9 +3,12 @@
 // the Checkpointer, over an in-memory file system.
 //
 // Input: byte 0 = flags (bit 0: recompute the checksums after the bytes were mutated, so that
-// the parsers behind them are reached; the checksums otherwise stop almost every mutation);
+// the parsers behind them are reached; the checksums otherwise stop almost every mutation;
+// bit 1: the next 20 bytes are the digits of the step directory's name, instead of step 7's);
 // bytes 1..4 = the manifest's length M (little-endian, capped by the input); M bytes of
-// manifest; the rest is the shard of rank 0 of 1 in step 7. Invariants: nothing crashes or
+// manifest; the rest is the shard of rank 0 of 1 in step 7. Invariants: a directory name
+// parses to the step it names or to nothing (never a wrapped number); every index entry that
+// opens is exactly its shape's bytes (computed without overflow); nothing crashes or
 // reads out of bounds (ASan), restore() either hands over step 7 as rank 0 of 1 — whose
 // tensors read back checksum-clean or fail as Corruption — or skips it with a reason; it never fails for damaged bytes
 // (a bad checkpoint is skipped, not an error), only when step 7 was written by another world
@@ -58,6 +61,16 @@ void fixShard(std::string& s) {
 TRAINSUP_FUZZ_ENTRY(trainsupFuzzCheckpoint) {
   if (size < 5) return 0;
   const bool fix = data[0] & 1;
+  std::string step_name = checkpointDirName(7);
+  if ((data[0] & 2) && size >= 25) {
+    step_name = "step-" + std::string(reinterpret_cast<const char*>(data + 1), 20);
+    data += 20;
+    size -= 20;
+    std::string why;
+    auto parsed = parseCheckpointDirName(step_name, &why);
+    TRAINSUP_FUZZ_CHECK(!parsed || (*parsed >= 0 && checkpointDirName(*parsed) == step_name));
+    TRAINSUP_FUZZ_CHECK(parsed || why.empty() || why.find(step_name) != std::string::npos);
+  }
   uint32_t m = 0;
   std::memcpy(&m, data + 1, 4);
   m = static_cast<uint32_t>(std::min<size_t>(m, size - 5));
@@ -68,7 +81,7 @@ TRAINSUP_FUZZ_ENTRY(trainsupFuzzCheckpoint) {
     fixShard(shard);
   }
   fuzz::MemFileSystem fs;
-  const std::string step_dir = "/ckpt/" + checkpointDirName(7);
+  const std::string step_dir = "/ckpt/" + step_name;
   fs.files[step_dir + "/" + kManifestName] = manifest;
   fs.files[step_dir + "/" + shardFileName(0, 1)] = shard;
 
@@ -84,6 +97,12 @@ TRAINSUP_FUZZ_ENTRY(trainsupFuzzCheckpoint) {
   auto restored = (*c)->restore([&](const Manifest& man, const ShardReader& reader) -> Status {
     TRAINSUP_FUZZ_CHECK(man.step == 7 && man.world_size == 1);
     for (const TensorEntry& e : reader.info().tensors) {
+      unsigned __int128 bytes = dtypeSize(e.meta.dtype);
+      for (int64_t d : e.meta.shape) {
+        TRAINSUP_FUZZ_CHECK(d >= 0);
+        bytes = d == 0 || bytes <= (~static_cast<unsigned __int128>(0)) / static_cast<uint64_t>(d) ? bytes * static_cast<uint64_t>(d) : ~static_cast<unsigned __int128>(0);
+      }
+      TRAINSUP_FUZZ_CHECK(bytes == e.length);
       if (e.length > (16u << 20)) return Status::invalidArgument("fuzz: tensor larger than 16 MiB");
       buf.resize(e.length);
       // Tensor data is checksummed as it is read: damage shows here, as Corruption, and the

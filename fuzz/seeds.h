@@ -2,6 +2,8 @@
 // corpus (scripts/fuzz.sh writes them out) and the replay test's first inputs.
 #pragma once
 
+#include <xxhash.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -82,12 +84,40 @@ inline std::vector<std::string> checkpointSeeds() {
   const std::string manifest = fs.files[dir + "/" + kManifestName];
   const std::string shard = fs.files[dir + "/" + shardFileName(0, 1)];
   std::vector<std::string> seeds;
-  for (char flags : {0, 1}) {
+  auto add = [&](char flags, const std::string& digits, const std::string& man, const std::string& sh) {
     std::string s(1, flags);
-    uint32_t n = static_cast<uint32_t>(manifest.size());
+    s += digits;
+    uint32_t n = static_cast<uint32_t>(man.size());
     s.append(reinterpret_cast<const char*>(&n), 4);
-    seeds.push_back(s + manifest + shard);
-  }
+    seeds.push_back(s + man + sh);
+  };
+  for (char flags : {0, 1}) add(flags, "", manifest, shard);
+  // Hostile cases (issue 19): a step directory named beyond the largest step (2^64 + 7 once
+  // wrapped to step 7), and an index entry whose bytes overflow 64 bits (2^61 float64
+  // elements, length 0), in a shard whose checksums and manifest are all consistent.
+  add(2, "18446744073709551623", manifest, shard);
+  add(2, "00000000000000000007", manifest, shard);
+  uint64_t index_off = 0, index_len = 0;
+  const size_t footer = shard.size() - 48;
+  std::memcpy(&index_off, &shard[footer], 8);
+  std::memcpy(&index_len, &shard[footer + 8], 8);
+  std::string index = shard.substr(index_off, index_len);
+  const std::string from = "\"dtype\":\"bytes\",\"length\":" + std::to_string(blob.size());
+  const std::string shape = "\"shape\":[" + std::to_string(blob.size()) + "]";
+  if (index.find(from) == std::string::npos || index.find(shape) == std::string::npos) return seeds;
+  index.replace(index.find(from), from.size(), "\"dtype\":\"float64\",\"length\":0");
+  index.replace(index.find(shape), shape.size(), "\"shape\":[2305843009213693952]");
+  std::string tail = shard.substr(footer);
+  const uint64_t len = index.size(), index_hash = XXH3_64bits(index.data(), index.size());
+  std::memcpy(&tail[8], &len, 8);
+  std::memcpy(&tail[16], &index_hash, 8);
+  const uint64_t footer_hash = XXH3_64bits(tail.data(), 40);
+  std::memcpy(&tail[40], &footer_hash, 8);
+  const std::string hostile = shard.substr(0, index_off) + index + tail;
+  m.shards[0].size = hostile.size();
+  m.shards[0].xxh3 = index_hash;
+  if (!writeManifest(fs, dir, m).isOk()) return seeds;
+  add(0, "", fs.files[dir + "/" + kManifestName], hostile);
   return seeds;
 }
 

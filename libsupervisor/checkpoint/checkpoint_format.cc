@@ -111,7 +111,13 @@ uint64_t expectedBytes(const TensorMeta& m, bool* ok) {
     }
     n *= static_cast<uint64_t>(d);
   }
-  return n * dtypeSize(m.dtype);
+  // The element count fits; its bytes may not (a shape read from a damaged or hostile index).
+  const uint64_t size = dtypeSize(m.dtype);
+  if (n > UINT64_MAX / size) {
+    *ok = false;
+    return 0;
+  }
+  return n * size;
 }
 
 }  // namespace
@@ -156,12 +162,20 @@ std::string checkpointDirName(int64_t step) {
   return buf;
 }
 
-std::optional<int64_t> parseCheckpointDirName(std::string_view name) {
+std::optional<int64_t> parseCheckpointDirName(std::string_view name, std::string* why) {
   if (name.size() != 25 || name.substr(0, 5) != "step-") return std::nullopt;
   int64_t v = 0;
   for (char c : name.substr(5)) {
     if (c < '0' || c > '9') return std::nullopt;
-    v = v * 10 + (c - '0');
+    const int digit = c - '0';
+    if (v > (INT64_MAX - digit) / 10) {  // 20 digits can name more than a step can hold
+      if (why != nullptr) {
+        *why = "'" + std::string(name) + "' names a step beyond the largest one (" + std::to_string(INT64_MAX) +
+               "): not a checkpoint of trainsup's";
+      }
+      return std::nullopt;
+    }
+    v = v * 10 + digit;
   }
   return v;
 }
@@ -499,11 +513,16 @@ Result<NewestCheckpoint> newestValidCheckpoint(FileSystem& fs, const std::string
   auto names = fs.listDir(root);
   if (!names) return names.status();
   std::vector<int64_t> steps;
+  NewestCheckpoint out;
   for (const auto& n : *names) {
-    if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+    std::string why;
+    if (auto s = parseCheckpointDirName(n, &why)) {
+      steps.push_back(*s);
+    } else if (!why.empty()) {
+      out.skipped.push_back(n + ": " + why);
+    }
   }
   std::sort(steps.rbegin(), steps.rend());
-  NewestCheckpoint out;
   for (int64_t step : steps) {
     const std::string dir = joinPath(root, checkpointDirName(step));
     auto m = checkCheckpoint(fs, dir, step);

@@ -19,7 +19,14 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     if (!names && names.status().code() != StatusCode::kNotFound) return names.status();
     if (names) {
       for (const auto& n : *names) {
-        if (auto s = parseCheckpointDirName(n)) steps.push_back(*s);
+        std::string why;
+        if (auto s = parseCheckpointDirName(n, &why)) {
+          steps.push_back(*s);
+        } else if (!why.empty()) {
+          const std::string dir = joinPath(m.options.dir, n);
+          m.event("checkpoint_skipped", {{"step", int64_t{-1}}, {"dir", dir}, {"file", dir}, {"reason", why}});
+          m.log(LogLevel::kWarn, "skipping " + dir + ": " + why);
+        }
       }
     }
     std::sort(steps.rbegin(), steps.rend());

@@ -9,6 +9,8 @@
 #include <future>
 #include <thread>
 
+#include <xxhash.h>
+
 #include "checkpoint_test_util.h"
 #include "trainsup/checkpointer.h"
 #include "base/manual_clock.h"
@@ -125,6 +127,88 @@ TEST(CheckpointFormatTest, BadBuffersAreRejected) {
   EXPECT_EQ(writeShard(FileSystem::posix(), dir, 0, 1, 1, dup, nullptr).code(), StatusCode::kInvalidArgument);
   std::vector<BufferRef> wrong = {{{"a", DType::kFloat32, {5}}, x, 16}};
   EXPECT_EQ(writeShard(FileSystem::posix(), dir, 0, 1, 1, wrong, nullptr).code(), StatusCode::kInvalidArgument);
+}
+
+// A shape whose element count fits in 64 bits but whose bytes do not: 2^61 float64 elements
+// are 2^64 bytes, which wrapped to 0 and matched an empty buffer (issue 19, defect 11).
+TEST(CheckpointFormatTest, AShapeWhoseBytesOverflowIsRejectedNotWrapped) {
+  std::string dir = freshDir("overflow");
+  std::vector<BufferRef> huge = {{{"a", DType::kFloat64, {int64_t{1} << 61}}, nullptr, 0}};
+  Status s = writeShard(FileSystem::posix(), dir, 0, 1, 1, huge, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
+  EXPECT_NE(s.message().find("'a'"), std::string::npos) << s.message();
+  // The same entry in a shard's index, as a damaged or hostile file would carry it.
+  float x[4] = {1, 2, 3, 4};
+  ShardInfo info;
+  ASSERT_TRUE(writeShard(FileSystem::posix(), dir, 0, 1, 1, {{{"a", DType::kFloat32, {4}}, x, 16}}, &info).isOk());
+  const std::string path = dir + "/" + shardFileName(0, 1);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // Rewrite the index with shape [2^61] of float64 and length 0, then fix the footer's checksums.
+  uint64_t index_off, index_len;
+  const size_t footer = bytes.size() - 48;
+  std::memcpy(&index_off, &bytes[footer], 8);
+  std::memcpy(&index_len, &bytes[footer + 8], 8);
+  std::string index = bytes.substr(index_off, index_len);
+  const std::string from = "\"dtype\":\"float32\",\"length\":16";
+  ASSERT_NE(index.find(from), std::string::npos) << index;
+  index.replace(index.find(from), from.size(), "\"dtype\":\"float64\",\"length\":0");
+  const std::string shape = "\"shape\":[4]";
+  ASSERT_NE(index.find(shape), std::string::npos) << index;
+  index.replace(index.find(shape), shape.size(), "\"shape\":[2305843009213693952]");
+  std::string rebuilt = bytes.substr(0, index_off) + index;
+  const uint64_t new_len = index.size();
+  std::string tail = bytes.substr(footer);
+  std::memcpy(&tail[8], &new_len, 8);
+  const uint64_t index_hash = XXH3_64bits(index.data(), index.size());
+  std::memcpy(&tail[16], &index_hash, 8);
+  const uint64_t footer_hash = XXH3_64bits(tail.data(), 40);
+  std::memcpy(&tail[40], &footer_hash, 8);
+  rebuilt += tail;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << rebuilt;
+  auto reader = ShardReader::open(FileSystem::posix(), path);
+  ASSERT_FALSE(reader.isOk()) << "an index entry of 2^64 bytes was taken as " << (*reader)->info().tensors[0].length;
+  EXPECT_EQ(reader.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(reader.status().message().find("index entry 'a' does not fit the file"), std::string::npos)
+      << reader.status().message();
+}
+
+TEST(CheckpointFormatTest, DirectoryNamesBeyondTheLargestStepAreNotCheckpoints) {
+  EXPECT_EQ(parseCheckpointDirName(checkpointDirName(INT64_MAX)), INT64_MAX);
+  EXPECT_EQ(parseCheckpointDirName("step-00000000000000000042"), 42);
+  for (const char* name : {"step-09223372036854775808", "step-99999999999999999999", "step-18446744073709551621"}) {
+    std::string why;
+    EXPECT_EQ(parseCheckpointDirName(name, &why), std::nullopt) << name;  // 2^64 + 5 once read as step 5
+    EXPECT_NE(why.find(name), std::string::npos) << why;
+    EXPECT_NE(why.find("beyond the largest"), std::string::npos) << why;
+  }
+  std::string why;
+  EXPECT_EQ(parseCheckpointDirName("step-0000000000000000004x", &why), std::nullopt);
+  EXPECT_TRUE(why.empty()) << "not a checkpoint's name at all: nothing to explain";
+  // Restore passes over such a directory with a reason, and takes the real checkpoint.
+  std::string dir = freshDir("bigname");
+  Events ev;
+  auto c = make(opts(dir), FileSystem::posix(), ev);
+  State s(5);
+  saveAndCommit(*c, s, 5);
+  std::filesystem::create_directories(dir + "/step-18446744073709551621");  // would read as step 5
+  std::filesystem::copy(c->stepDir(5), dir + "/step-18446744073709551621",
+                        std::filesystem::copy_options::recursive | std::filesystem::copy_options::overwrite_existing);
+  State got(0);
+  auto step = restoreInto(*c, got);
+  ASSERT_EQ(step, 5);
+  EXPECT_TRUE(got == s);
+  auto reasons = ev.reasons("checkpoint_skipped");
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_NE(reasons[0].find("'step-18446744073709551621' names a step beyond"), std::string::npos) << reasons[0];
+  auto newest = newestValidCheckpoint(FileSystem::posix(), dir);
+  ASSERT_TRUE(newest.isOk());
+  EXPECT_EQ(newest->step, 5);
+  ASSERT_EQ(newest->skipped.size(), 1u);
+  EXPECT_NE(newest->skipped[0].find("beyond the largest"), std::string::npos) << newest->skipped[0];
 }
 
 // Makes valid checkpoints at steps 1 and 2 (different states), damages step 2 with `damage`,

@@ -74,7 +74,10 @@ inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr const char* kManifestName = "MANIFEST.json";
 
 TRAINSUP_EXPORT std::string checkpointDirName(int64_t step);                   // "step-00000000000000001234"
-TRAINSUP_EXPORT std::optional<int64_t> parseCheckpointDirName(std::string_view name);
+// The step of a checkpoint directory's name, or nullopt for any other name. A name of that
+// shape whose number exceeds the largest step (INT64_MAX; 20 digits can) is not a checkpoint
+// either: nullopt, and `why` (when given) says so, naming it, for the listing that skips it.
+TRAINSUP_EXPORT std::optional<int64_t> parseCheckpointDirName(std::string_view name, std::string* why = nullptr);
 TRAINSUP_EXPORT std::string shardFileName(int rank, int world_size);         // "shard-r00003-of-00008.tsc"
 
 // Writes `tensors` as the shard of `rank` in `dir` (which must exist): to a temporary name,
