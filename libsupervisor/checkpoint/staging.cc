@@ -2,6 +2,7 @@
 // stall of the training thread), or copied by the writer thread while training goes on
 // (overlapped snapshots, device tensors by DMA into pinned memory).
 #include "checkpoint/checkpointer_impl.h"
+#include "base/worker_threads.h"
 
 #include <algorithm>
 #include <cstring>
@@ -36,11 +37,9 @@ Status checkpoint_internal::runCopies(const std::vector<CopyPiece>& pieces, cons
       if (pieces[i].device < 0) std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].n);
     }
   };
-  std::vector<std::thread> helpers;
-  for (unsigned t = 1; t < threads; ++t) helpers.emplace_back(work);
-  work();
-  for (auto& h : helpers) h.join();
-  return Status::ok();
+  // Fewer helpers than asked (the process at its thread limit) make a slower copy, not a
+  // failed one; every helper is joined on every path (base/worker_threads.h).
+  return runOnThreads(threads, work, "checkpoint snapshot copy");
 }
 
 // Every rank told to save must report, or rank 0 waits for the whole commit timeout.

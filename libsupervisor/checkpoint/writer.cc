@@ -20,7 +20,12 @@ void Checkpointer::Impl::writerLoop() {
     if (j.overlapped) {
       // Fewer threads than a blocking copy: this one runs beside the training's own compute.
       const Nanos copy_start = clock->monotonicNow();
-      Status copied = runCopies(j.copies, j.buffers, std::max(1u, std::thread::hardware_concurrency() / 4));
+      Status copied;
+      try {
+        copied = runCopies(j.copies, j.buffers, std::max(1u, std::thread::hardware_concurrency() / 4));
+      } catch (const std::exception& e) {  // the training thread waits for this copy: it must end
+        copied = Status::internal(std::string("checkpoint snapshot copy: ") + e.what());
+      }
       j.copies.clear();
       j.copy_status = copied;
       {

@@ -1,6 +1,8 @@
 // The only translation unit of the library that includes torch headers (~25 s to compile).
 #include "trainsup/torch_state.h"
 
+#include "base/worker_threads.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -148,10 +150,9 @@ Status TorchState::load(const Manifest& manifest, const ShardReader& shard) {
   };
   unsigned threads = std::min<unsigned>({4u, std::max(1u, std::thread::hardware_concurrency()),
                                          static_cast<unsigned>(std::max<size_t>(reads.size(), 1))});
-  std::vector<std::thread> helpers;
-  for (unsigned i = 1; i < threads; ++i) helpers.emplace_back(work);
-  work();
-  for (auto& h : helpers) h.join();
+  // A torch error while reading (an allocation, a device copy) ends that tensor's load with a
+  // status, on whichever thread it happened; every helper is joined on every path.
+  if (Status s = runOnThreads(threads, work, "loading the checkpoint's tensors"); !s.isOk()) return s;
   if (!first_error.isOk()) return first_error;
   if (!rng_name_.empty()) {
     const TensorEntry* e = shard.find(rng_name_);
