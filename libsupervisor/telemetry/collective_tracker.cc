@@ -28,15 +28,16 @@ CollectiveTracker& CollectiveTracker::global() {
   return *t;
 }
 
-uint64_t CollectiveTracker::begin(CollectiveOp op, uint64_t bytes) {
+uint64_t CollectiveTracker::begin(CollectiveOp op, uint64_t bytes, bool matched) {
   const int64_t now = Clock::real().monotonicNow().count();
   MutexLock lock(mu_);
   uint64_t seq = ++stats_.last_seq;
+  const uint64_t job_seq = matched ? ++stats_.last_job_seq : 0;
   auto i = static_cast<size_t>(op);
   ++stats_.count[i];
   stats_.bytes[i] += bytes;
   ++stats_.issued;
-  ring_[seq % kCapacity] = {seq, op, bytes, now, 0, true};
+  ring_[seq % kCapacity] = {seq, job_seq, op, bytes, now, 0, true};
   return seq;
 }
 

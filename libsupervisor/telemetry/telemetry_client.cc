@@ -57,12 +57,17 @@ void TelemetryClient::Impl::pump() {
   auto records = tracker->recent(CollectiveTracker::kCapacity);
   for (const auto& r : records) {
     if (r.seq < next_seq) continue;
+    if (r.job_seq == 0) {  // not matched across ranks (point-to-point, a subgroup): nothing to send
+      sent_done.insert(r.seq);
+      continue;
+    }
+    // On the wire a collective is its job_seq: the number every rank gives the same collective.
     if (r.exit_ns != 0) {  // completed (or untracked): send once with its exit
       if (sent_done.insert(r.seq).second) {
-        pending.push_back({options.rank, r.seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, r.exit_ns});
+        pending.push_back({options.rank, r.job_seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, r.exit_ns});
       }
     } else if (sent_enter.insert(r.seq).second) {  // open: announce its enter once
-      pending.push_back({options.rank, r.seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, 0});
+      pending.push_back({options.rank, r.job_seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, 0});
     }
   }
   // Forget what is settled: the completed prefix, and anything the ring has overwritten.

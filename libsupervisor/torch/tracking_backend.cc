@@ -36,8 +36,12 @@ std::optional<bool> pollWork(c10d::Work& work, c10::ivalue::Future* cpu_future) 
 }
 
 TrackingBackend::TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveTracker& tracker,
-                                 CompletionWatcher& watcher)
-    : c10d::Backend(inner->getRank(), inner->getSize()), inner_(std::move(inner)), tracker_(tracker), watcher_(watcher) {
+                                 CompletionWatcher& watcher, bool job_group)
+    : c10d::Backend(inner->getRank(), inner->getSize()),
+      inner_(std::move(inner)),
+      tracker_(tracker),
+      watcher_(watcher),
+      job_group_(job_group) {
   // ProcessGroup::getGroupName() reads the uid of its first device's backend, which is now this
   // one: carry the group's name and description (DeviceMesh resolves groups by that name).
   setBoundDeviceId(inner_->getBoundDeviceId());
@@ -67,16 +71,17 @@ void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Wor
 }
 
 template <class F>
-c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t bytes, F&& call) {
+c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t bytes, F&& call, bool p2p) {
   {
     std::lock_guard<std::mutex> lock(coalescing_mu_);
     if (coalescing_) {  // one record for the group, begun at endCoalescing()
       coalesced_bytes_ += bytes;
       coalesced_op_ = coalesced_ops_++ == 0 || coalesced_op_ == op ? op : CollectiveOp::kOther;
+      coalesced_p2p_ = coalesced_p2p_ || p2p;
       return call();
     }
   }
-  const uint64_t seq = tracker_.begin(op, bytes);
+  const uint64_t seq = tracker_.begin(op, bytes, job_group_ && !p2p);
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = call();
@@ -95,21 +100,24 @@ void TrackingBackend::startCoalescing() {
   coalesced_bytes_ = 0;
   coalesced_ops_ = 0;
   coalesced_op_ = CollectiveOp::kOther;
+  coalesced_p2p_ = false;
 }
 
 c10::intrusive_ptr<c10d::Work> TrackingBackend::endCoalescing() {
   CollectiveOp op;
   uint64_t bytes;
   int ops;
+  bool p2p;
   {
     std::lock_guard<std::mutex> lock(coalescing_mu_);
     coalescing_ = false;
     op = coalesced_op_;
     bytes = coalesced_bytes_;
     ops = coalesced_ops_;
+    p2p = coalesced_p2p_;
   }
   if (ops == 0) return inner_->endCoalescing();
-  return track(op, bytes, [&] { return inner_->endCoalescing(); });  // coalescing_ is off again
+  return track(op, bytes, [&] { return inner_->endCoalescing(); }, p2p);  // coalescing_ is off again
 }
 
 // --- forwarded ---
@@ -238,19 +246,20 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::alltoall(std::vector<at::Tensor>
   return track(CollectiveOp::kAlltoall, bytesOf(in), [&] { return inner_->alltoall(out, in, o); });
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::send(std::vector<at::Tensor>& t, int dst, int tag) {
-  return track(CollectiveOp::kSend, bytesOf(t), [&] { return inner_->send(t, dst, tag); });
+  return track(CollectiveOp::kSend, bytesOf(t), [&] { return inner_->send(t, dst, tag); }, true);
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::recv(std::vector<at::Tensor>& t, int src, int tag) {
-  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recv(t, src, tag); });
+  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recv(t, src, tag); }, true);
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::recvAnysource(std::vector<at::Tensor>& t, int tag) {
-  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recvAnysource(t, tag); });
+  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recvAnysource(t, tag); }, true);
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::barrier(const c10d::BarrierOptions& o) {
   return track(CollectiveOp::kBarrier, 0, [&] { return inner_->barrier(o); });
 }
 
-int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, CompletionWatcher& watcher) {
+int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, CompletionWatcher& watcher,
+                      bool job_group) {
   auto& devices = group.*ProcessGroupAccess::deviceMap();
   // Resolve every device type first: getBackend() fills the map lazily from the backend types.
   for (const auto& device : group.getDeviceTypes()) group.getBackend(device.type());
@@ -259,7 +268,7 @@ int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, Com
   for (auto& [type, backend] : devices) {
     if (!backend || dynamic_cast<TrackingBackend*>(backend.get())) continue;
     auto& wrapper = wrapped[backend.get()];
-    if (!wrapper) wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher);
+    if (!wrapper) wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher, job_group);
     backend = wrapper;
     ++count;
   }

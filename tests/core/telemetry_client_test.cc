@@ -74,6 +74,46 @@ TEST(TelemetryClientTest, ARankThatNeverEntersIsNamedAfterTheBudget) {
   EXPECT_EQ(clients[0]->counters().records_dropped, 0u);
 }
 
+// A pipeline's point-to-point ops are not matched across ranks: stage 1 receives and sends
+// twice as often as the first and last stages, which numbered every later collective differently
+// on each rank and named healthy ranks as never having entered one (issue 19, defect 1). Only
+// the job group's collectives are numbered for the coordinator, so the first verdict is the
+// real hang at the end, with the job's own collective number.
+TEST(TelemetryClientTest, PointToPointOpsNeverFeedTheCollectiveMatch) {
+  constexpr int kWorld = 3, kSteps = 30;
+  Sink sink;
+  auto coord = coordinator(sink, kWorld);
+  std::vector<CollectiveTracker> trackers(kWorld);
+  std::vector<std::unique_ptr<TelemetryClient>> clients;
+  for (int r = 0; r < kWorld; ++r) clients.push_back(client(coord->port(), r, trackers[r]));
+  auto p2p = [&](int r, CollectiveOp op, int n) {
+    for (int i = 0; i < n; ++i) trackers[r].end(trackers[r].begin(op, 4096, /*matched=*/false), true);
+  };
+  for (int step = 0; step < kSteps; ++step) {
+    p2p(0, CollectiveOp::kSend, 2);  // two micro-batches forward
+    p2p(1, CollectiveOp::kRecv, 2);
+    p2p(1, CollectiveOp::kSend, 2);
+    p2p(2, CollectiveOp::kRecv, 2);
+    for (int r = 0; r < kWorld; ++r) trackers[r].end(trackers[r].begin(CollectiveOp::kAllreduce, 1024), true);
+  }
+  trackers[1].begin(CollectiveOp::kRecv, 4096, false);  // waiting for the next micro-batch: pending here only
+  EXPECT_EQ(trackers[1].stats().pending(), 1u);
+  EXPECT_EQ(trackers[1].stats().last_seq, 5u * kSteps + 1);
+  EXPECT_EQ(trackers[1].stats().last_job_seq, static_cast<uint64_t>(kSteps));
+  // The real fault: rank 2 never enters the next all-reduce.
+  trackers[0].begin(CollectiveOp::kAllreduce, 1024);
+  trackers[1].begin(CollectiveOp::kAllreduce, 1024);
+  auto fut = sink.first.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+  Verdict v = fut.get();
+  EXPECT_EQ(v.kind, VerdictKind::kHungRank) << v.evidence;
+  EXPECT_EQ(v.ranks, std::vector<int>{2}) << v.evidence;
+  EXPECT_EQ(v.seq, static_cast<uint64_t>(kSteps + 1)) << v.evidence;
+  EXPECT_EQ(v.op, "allreduce");
+  for (auto& c : clients) c->stop();
+  coord->stop();
+}
+
 // Waits (bounded by `deadline`) until `c` has sent at least `frames` frames.
 bool sentFrames(TelemetryClient& c, uint64_t frames, std::chrono::steady_clock::time_point deadline) {
   while (c.counters().frames_sent < frames && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();

@@ -27,6 +27,8 @@ class ControlledBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) override {
     return next;
   }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override { return next; }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override { return next; }
   void startCoalescing() override {}
   c10::intrusive_ptr<c10d::Work> endCoalescing() override { return next; }
   c10::intrusive_ptr<c10d::Work> next;
@@ -93,6 +95,43 @@ TEST(TrackingBackendTest, CoalescedCollectivesAreOneRecordEndedByTheGroupsWork) 
   group->complete();
   TelemetryTesting::pollOnce(watcher);
   EXPECT_GT(last(tracker).exit_ns, 0);
+}
+
+// Only the job group's collectives get a number the coordinator matches across ranks: a
+// pipeline's sends and receives (alone or in a coalesced batch, as batch_isend_irecv issues
+// them) and a subgroup's collectives are tracked with job_seq 0 (issue 19, defect 1).
+TEST(TrackingBackendTest, PointToPointAndSubgroupOpsAreTrackedButNotMatched) {
+  CollectiveTracker tracker;
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
+  auto inner = c10::make_intrusive<ControlledBackend>();
+  inner->next = c10::make_intrusive<ControlledWork>();
+  TrackingBackend job(inner, tracker, watcher);
+  std::vector<at::Tensor> t{torch::ones({4})};
+  job.allreduce(t, c10d::AllreduceOptions());
+  EXPECT_EQ(last(tracker).job_seq, 1u);
+  job.send(t, 1, 0);
+  EXPECT_EQ(last(tracker).op, CollectiveOp::kSend);
+  EXPECT_EQ(last(tracker).job_seq, 0u);
+  job.recv(t, 1, 0);
+  EXPECT_EQ(last(tracker).job_seq, 0u);
+  job.startCoalescing();  // batch_isend_irecv: one record, not matched
+  job.send(t, 1, 0);
+  job.recv(t, 1, 0);
+  job.endCoalescing();
+  EXPECT_EQ(last(tracker).job_seq, 0u);
+  job.startCoalescing();  // a coalesced batch of collectives is matched as one
+  job.allreduce(t, c10d::AllreduceOptions());
+  job.allreduce(t, c10d::AllreduceOptions());
+  job.endCoalescing();
+  EXPECT_EQ(last(tracker).job_seq, 2u);
+  TrackingBackend subgroup(inner, tracker, watcher, /*job_group=*/false);
+  subgroup.allreduce(t, c10d::AllreduceOptions());
+  EXPECT_EQ(last(tracker).job_seq, 0u);
+  job.allreduce(t, c10d::AllreduceOptions());
+  EXPECT_EQ(last(tracker).job_seq, 3u) << "the job's numbering skips what it does not match";
+  EXPECT_EQ(last(tracker).seq, 7u);
+  EXPECT_EQ(tracker.stats().pending(), 7u) << "every op counts as one this rank waits in until it completes";
 }
 
 TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecord) {

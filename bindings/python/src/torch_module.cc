@@ -32,10 +32,14 @@ PYBIND11_MODULE(_trainsup_torch, m) {
                              "the real backend (ProcessGroupGloo, ProcessGroupNCCL, ...)");
   m.def(
       "track_process_group",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group) { return trainsup::trackProcessGroup(*group); },
-      py::arg("group"),
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, bool job_group) {
+        return trainsup::trackProcessGroup(*group, trainsup::CollectiveTracker::global(),
+                                           trainsup::CompletionWatcher::global(), job_group);
+      },
+      py::arg("group"), py::arg("job_group") = true,
       "Puts the tracking wrapper in front of each device type's backend of `group`; returns how "
-      "many it wrapped now (0 when already tracked).");
+      "many it wrapped now (0 when already tracked). job_group: the job's (default) group, whose "
+      "collectives the coordinator matches across ranks; False for a subgroup.");
   // Store.compare_set of some torch versions' Python binding builds its bytes result with the
   // GIL released, which corrupts the interpreter when other Python threads run (seen as
   // segfaults in the launcher's agents on torch 1.13). This one holds the GIL for everything

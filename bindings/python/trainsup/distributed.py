@@ -11,8 +11,10 @@ polled until it has really finished (``Work.isCompleted()``: CUDA events for NCC
 collective that hangs on the GPU stays in flight.
 
 The job is otherwise unchanged: ``dist.get_backend()`` says ``gloo`` or ``nccl``,
-``monitored_barrier``, ``new_group`` (its subgroups are not tracked: detection follows the
-default group's sequence), DDP, FSDP and ``torch.distributed.checkpoint`` work as without
+``monitored_barrier``, ``new_group`` (its subgroups are not tracked unless given to
+``track_process_group``, and never matched across ranks: detection follows the default group's
+sequence; point-to-point ops are tracked but not matched either), DDP, FSDP and
+``torch.distributed.checkpoint`` work as without
 trainsup. One visible difference: ``group._get_backend(device)`` returns the wrapper;
 ``inner_backend()`` gives the real one.
 """
@@ -31,10 +33,17 @@ def tracking_available():
 
 def track_process_group(group=None):
     """Puts the tracking wrapper in front of `group`'s backends (default: the default group).
-    Returns how many device types it wrapped now; 0 when the group was tracked already."""
+    Returns how many device types it wrapped now; 0 when the group was tracked already.
+
+    Only the default group's collectives are matched across ranks by the job coordinator
+    (every rank issues them in the same order). A subgroup's ops, and point-to-point ops on
+    any group, are tracked for this rank's own view (they count as pending while it waits in
+    them) but never matched: a subgroup's members and a pipeline stage's peers issue different
+    numbers of them."""
     from . import _trainsup_torch
-    group = group if group is not None else _compat.default_group()
-    return _trainsup_torch.track_process_group(group)
+    default = _compat.default_group()
+    group = group if group is not None else default
+    return _trainsup_torch.track_process_group(group, job_group=group is default)
 
 
 def inner_backend(group=None, device="cpu"):
@@ -68,5 +77,6 @@ def collective_stats():
 
 
 def recent_collectives(n=100):
-    """The newest n collective records (seq, op, bytes, enter_ns, exit_ns, ok), oldest first."""
+    """The newest n collective records (seq, job_seq, op, bytes, enter_ns, exit_ns, ok), oldest
+    first; job_seq is 0 for ops the coordinator does not match (point-to-point, subgroups)."""
     return _trainsup.recent_collectives(n)

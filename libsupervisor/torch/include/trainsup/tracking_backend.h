@@ -12,6 +12,12 @@
 // against torch 2.x's c10d::Backend (torch >= 2.9; the virtuals added since are forwarded
 // where the installed torch has them, TRAINSUP_TORCH_AT_LEAST below).
 //
+// Which records the coordinator matches across ranks (collective_tracker.h): the collectives
+// of the job's group (`job_group`: the default group, which every rank runs in the same order).
+// Point-to-point ops (send, recv, and the coalesced batches of batch_isend_irecv) and every op
+// of another group are tracked unmatched: the rank's own view counts them as pending, the
+// cross-rank match never sees them.
+//
 // trackProcessGroup() puts a wrapper in front of a process group's backend for each of its
 // device types, so that everything dispatched through ProcessGroup::getBackend(device) —
 // dist.all_reduce, DDP's bucketed all-reduces, FSDP's all-gathers and reduce-scatters,
@@ -40,7 +46,7 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
  public:
   explicit TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner,
                            CollectiveTracker& tracker = CollectiveTracker::global(),
-                           CompletionWatcher& watcher = CompletionWatcher::global());
+                           CompletionWatcher& watcher = CompletionWatcher::global(), bool job_group = true);
 
   const c10::intrusive_ptr<c10d::Backend>& inner() const { return inner_; }
 
@@ -118,25 +124,28 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
 
  private:
   template <class F>
-  c10::intrusive_ptr<c10d::Work> track(CollectiveOp op, uint64_t bytes, F&& call);
+  c10::intrusive_ptr<c10d::Work> track(CollectiveOp op, uint64_t bytes, F&& call, bool p2p = false);
   void watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
 
   const c10::intrusive_ptr<c10d::Backend> inner_;  // set at construction
   CollectiveTracker& tracker_;
   CompletionWatcher& watcher_;
+  const bool job_group_;            // set at construction: this group's collectives are matched
   std::mutex coalescing_mu_;
   bool coalescing_ = false;         // guarded by coalescing_mu_
   uint64_t coalesced_bytes_ = 0;    // guarded by coalescing_mu_
   CollectiveOp coalesced_op_ = CollectiveOp::kOther;  // guarded by coalescing_mu_
   int coalesced_ops_ = 0;           // guarded by coalescing_mu_
+  bool coalesced_p2p_ = false;      // guarded by coalescing_mu_: the batch holds a send or recv
 };
 
 // Wraps the backend of each device type of `group` in a TrackingBackend (one wrapper per
 // distinct backend object). Returns how many device types it wrapped now (0 when the group was
-// tracked already).
+// tracked already). `job_group`: whether `group` is the job's group (the default one, every
+// rank in it) whose collectives the coordinator matches; false for a subgroup.
 TRAINSUP_EXPORT int trackProcessGroup(c10d::ProcessGroup& group,
                                       CollectiveTracker& tracker = CollectiveTracker::global(),
-                                      CompletionWatcher& watcher = CompletionWatcher::global());
+                                      CompletionWatcher& watcher = CompletionWatcher::global(), bool job_group = true);
 
 // Polls a c10d work for the CompletionWatcher: nullopt while it runs, else whether it succeeded.
 // `cpu_future` is the work's future when it is a CPU one (gloo: complete at true completion,
