@@ -100,6 +100,7 @@ class PyCoordinator {
     d["garbage_bytes"] = c.garbage_bytes;
     d["conflicting_records"] = c.conflicting_records;
     d["accept_errors"] = c.accept_errors;
+    d["deposed_verdicts"] = c.deposed_verdicts;
     return d;
   }
   void stop() { coordinator_->stop(); }
@@ -204,7 +205,11 @@ void bindAgent(py::module_& m) {
   // releases the GIL (a hung file system must not hold the agent's other threads).
   py::class_<EventLog>(m, "AgentEventLog")
       .def(py::init([](const std::string& path, const std::string& host, const std::string& job_id) {
-             auto log = EventLog::openAgent(path, host, job_id, Clock::real());
+             Result<std::unique_ptr<EventLog>> log = Status::internal("unset");
+             {
+               py::gil_scoped_release release;  // opens a file: the file system may hang
+               log = EventLog::openAgent(path, host, job_id, Clock::real());
+             }
              if (!log) raiseStatus(log.status());
              return std::move(*log);
            }),

@@ -204,7 +204,11 @@ std::unique_ptr<Supervisor, ReleaseGilDelete> create(std::map<std::string, std::
   });
   auto config = Config::fromEnvironment(env);
   if (!config) raiseStatus(config.status());
-  auto sup = Supervisor::create(*config);
+  Result<std::unique_ptr<Supervisor>> sup = Status::internal("unset");
+  {
+    py::gil_scoped_release release;  // opens the log files, starts the threads
+    sup = Supervisor::create(*config);
+  }
   if (!sup) raiseStatus(sup.status());
   (*sup)->addStackDumpHook("python", dumpPythonStacks);
   return std::unique_ptr<Supervisor, ReleaseGilDelete>(sup->release());
@@ -329,17 +333,27 @@ void bindCheckpoint(py::module_& m) {
       .def_property_readonly("step", &PyShard::step)
       .def_property_readonly("path", &PyShard::path);
 
+  // Every call below that reads files releases the GIL while it does: the launcher calls them
+  // on torchrun's thread, and a slow or hung checkpoint file system must not stop its other
+  // threads (the keep-alives: a peer would take this healthy host for dead; issue 19).
   m.def("read_manifest", [](const std::string& dir) {
-    auto r = readManifest(FileSystem::posix(), dir);
+    Result<Manifest> r = Status::internal("unset");
+    {
+      py::gil_scoped_release release;
+      r = readManifest(FileSystem::posix(), dir);
+    }
     if (!r) raiseStatus(r.status());
     return manifestDict(*r);
-  });
+  }, py::arg("dir"));
   // The one definition of a valid checkpoint (checkpoint_format.h): raises the typed error of
   // the first thing wrong, else returns the manifest.
   m.def("check_checkpoint", [](const std::string& dir) {
-    auto manifest = readManifest(FileSystem::posix(), dir);
-    if (!manifest) raiseStatus(manifest.status());
-    auto r = checkCheckpoint(FileSystem::posix(), dir, manifest->step);
+    Result<Manifest> r = Status::internal("unset");
+    {
+      py::gil_scoped_release release;
+      auto manifest = readManifest(FileSystem::posix(), dir);
+      r = manifest ? checkCheckpoint(FileSystem::posix(), dir, manifest->step) : Result<Manifest>(manifest.status());
+    }
     if (!r) raiseStatus(r.status());
     const std::string name = dir.substr(dir.find_last_of('/') + 1);
     if (auto s = parseCheckpointDirName(name); s && *s != r->step) {
@@ -349,7 +363,11 @@ void bindCheckpoint(py::module_& m) {
     return manifestDict(*r);
   }, py::arg("dir"));
   m.def("newest_valid_checkpoint", [](const std::string& root) {
-    auto r = newestValidCheckpoint(FileSystem::posix(), root);
+    Result<NewestCheckpoint> r = Status::internal("unset");
+    {
+      py::gil_scoped_release release;
+      r = newestValidCheckpoint(FileSystem::posix(), root);
+    }
     if (!r) raiseStatus(r.status());
     py::dict d;
     d["step"] = r->step;
@@ -358,13 +376,18 @@ void bindCheckpoint(py::module_& m) {
     return d;
   }, py::arg("root"));
   m.def("open_shard", [](const std::string& path) {
-    auto r = ShardReader::open(FileSystem::posix(), path);
+    Result<std::unique_ptr<ShardReader>> r = Status::internal("unset");
+    {
+      py::gil_scoped_release release;
+      r = ShardReader::open(FileSystem::posix(), path);
+    }
     if (!r) raiseStatus(r.status());
     const ShardReader* raw = r->get();
     return PyShard(raw, std::move(*r));
   });
   m.def("checkpoint_dir_name", &checkpointDirName);
-  m.def("parse_checkpoint_dir_name", &parseCheckpointDirName);
+  m.def("parse_checkpoint_dir_name", [](const std::string& name) { return parseCheckpointDirName(name); },
+        py::arg("name"), "The step of a checkpoint directory's name, or None for any other name.");
 }
 
 // telemetry: the process's collective tracker and completion watcher
@@ -394,6 +417,7 @@ void bindTelemetry(py::module_& m) {
     for (const auto& r : CollectiveTracker::global().recent(n)) {
       py::dict d;
       d["seq"] = r.seq;
+      d["job_seq"] = r.job_seq;
       d["op"] = collectiveOpName(r.op);
       d["bytes"] = r.bytes;
       d["enter_ns"] = r.enter_ns;
@@ -422,6 +446,7 @@ void bindRank(py::module_& m) {
                      : level == "warn" ? LogLevel::kWarn
                      : level == "error" ? LogLevel::kError
                                         : LogLevel::kInfo;
+        py::gil_scoped_release release;  // a write to the rank's log file
         s.log(l, msg);
       })
       .def("event", [](Supervisor& s, const std::string& name,
@@ -429,13 +454,20 @@ void bindRank(py::module_& m) {
         // (name, JSON text) pairs in order (trainsup/events.py), as the agent's event log takes.
         EventFields f;
         for (const auto& [k, v] : json_fields) f.emplace_back(k, RawJson{v});
+        py::gil_scoped_release release;  // a write to the rank's event log
         s.event(name, f);
       }, py::arg("name"), py::arg("json_fields"))
       .def("enable_checkpoints", [](Supervisor& s, py::object channel) {
         std::shared_ptr<CommitChannel> c;
         if (!channel.is_none()) c = std::make_shared<PyChannel>(channel);
-        auto r = s.checkpointer(c);
-        if (!r) raiseStatus(r.status());
+        Status st;
+        {
+          py::gil_scoped_release release;  // creates the checkpoint directory
+          auto r = s.checkpointer(c);
+          if (!r) st = r.status();
+          c.reset();  // ~PyChannel takes the GIL itself: let it go (if last) with the GIL released
+        }
+        if (!st.isOk()) raiseStatus(st);
       }, py::arg("channel"))
       .def("save", &save, py::arg("step"), py::arg("collect"), py::arg("now"))
       .def("restore", &restore, py::arg("load"))
