@@ -43,6 +43,7 @@ struct Coordinator::Impl {
   // which takes its entries out, before it can be destroyed.)
   std::map<int, const class Connection*> owner;
   bool aborted = false;
+  bool deposed = false;  // I/O thread: a node monitor said it moved to another coordinator
   void broadcastAbort(const Verdict& v);
 
   mutable Mutex counters_mu;
@@ -150,6 +151,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
           o.detector->onFailed(g.rank);
         } else if (g.reason == kGoneStopping) {
           o.detector->onStopping(g.rank, now);
+        } else if (g.reason == kGoneMoved) {
+          // A node monitor moved to another coordinator: its agent follows the one the job
+          // elected since. This one was replaced (a takeover) and judges nobody any more: its
+          // view is emptying as the node monitors leave, which would otherwise read as ranks dying.
+          o.detector->onFinished(g.rank);
+          o.deposed = true;
         } else {
           o.detector->onDisconnect(g.rank, now);
         }
@@ -209,6 +216,10 @@ void Coordinator::Impl::tick() {
   timer.async_wait([self](const boost::system::error_code& ec) {
     if (ec) return;
     for (const Verdict& v : self->detector->evaluate(nowNs())) {
+      if (self->deposed) {
+        self->count(&Counters::deposed_verdicts);  // replaced: not ours to report or act on
+        continue;
+      }
       if (self->aborted) {
         // After the abort order, ranks leaving and collectives left open are its consequences.
         self->count(&Counters::consequences);

@@ -88,8 +88,11 @@ struct NodeMonitor::Impl {
   std::unique_ptr<tcp::socket> upstream;
   uint64_t up_id = 0;  // which connection attempt `upstream` is; handlers of older ones stop
   uint64_t connected_generation = 0;
+  std::string connected_host;  // the coordinator `upstream` is connected to
+  uint16_t connected_port = 0;
   asio::steady_timer connect_timer{io};
   bool writing = false;
+  bool moving = false;  // told to move while a write was under way: say goodbye after it
   std::unique_ptr<FrameDecoder> inbound;
   std::array<uint8_t, 4096> inbound_buf;
 
@@ -107,6 +110,7 @@ struct NodeMonitor::Impl {
   void readUpstream();
   void sendToLocals(const WireMessage& m);
   void flush();
+  void leaveForAnother();
 };
 
 class LocalRank : public std::enable_shared_from_this<LocalRank> {
@@ -234,7 +238,46 @@ void NodeMonitor::Impl::dropUpstream() {
   inbound.reset();
   up = Up::kIdle;
   writing = false;
+  moving = false;
   count([](Counters& c) { c.coordinator_connected = false; });
+}
+
+// The agent pointed this monitor at another coordinator (a takeover). The one it leaves hears
+// that each local rank moved (kGoneMoved) before the connection closes, so that it takes the
+// departures for what they are, not for ranks dying (it would name them dead and order the
+// ranks still connected to it to abort). Bounded: a coordinator that does not read (the reason
+// for most takeovers) is dropped after connect_timeout_s.
+void NodeMonitor::Impl::leaveForAnother() {
+  std::string h;
+  uint16_t p;
+  {
+    MutexLock lock(address_mu);
+    h = host;
+    p = port;
+  }
+  if (h == connected_host && p == connected_port) {  // the same coordinator again: reconnect only
+    dropUpstream();
+    return;
+  }
+  WireMessage m;
+  m.type = WireType::kGone;
+  for (const auto& [rank, hello] : hellos) m.gones.push_back({rank, kGoneMoved});
+  if (m.gones.empty()) {
+    dropUpstream();
+    return;
+  }
+  auto out = std::make_shared<std::string>(encodeFrame(m, token));
+  writing = true;
+  const uint64_t id = up_id;
+  connect_timer.expires_after(toDuration(options.connect_timeout_s));
+  connect_timer.async_wait([this, id](const boost::system::error_code& e) {
+    if (!e && id == up_id) dropUpstream();  // the old coordinator does not read
+  });
+  asio::async_write(*upstream, asio::buffer(*out), [this, id, out](const boost::system::error_code&, size_t) {
+    if (id != up_id) return;
+    connect_timer.cancel();
+    dropUpstream();  // the next tick connects to the new one
+  });
 }
 
 void NodeMonitor::Impl::connectUpstream() {
@@ -258,7 +301,7 @@ void NodeMonitor::Impl::connectUpstream() {
   connect_timer.async_wait([this, id](const boost::system::error_code& e) {
     if (!e && id == up_id && up == Up::kConnecting) dropUpstream();  // took too long
   });
-  upstream->async_connect(tcp::endpoint(address, p), [this, id, generation](const boost::system::error_code& e) {
+  upstream->async_connect(tcp::endpoint(address, p), [this, id, generation, h, p](const boost::system::error_code& e) {
     if (id != up_id) return;  // given up already
     connect_timer.cancel();
     if (e) {
@@ -269,6 +312,8 @@ void NodeMonitor::Impl::connectUpstream() {
     upstream->set_option(tcp::no_delay(true), ignored);
     up = Up::kConnected;
     connected_generation = generation;
+    connected_host = h;  // what `generation` stood for (a later change bumps it again)
+    connected_port = p;
     count([](Counters& c) {
       ++c.coordinator_connects;
       c.coordinator_connected = true;
@@ -313,7 +358,7 @@ void NodeMonitor::Impl::sendToLocals(const WireMessage& m) {
 
 // Sends what is waiting, one write at a time.
 void NodeMonitor::Impl::flush() {
-  if (up != Up::kConnected || writing) return;
+  if (up != Up::kConnected || writing || moving) return;
   auto out = std::make_shared<std::string>();
   uint64_t records = 0;
   // Stall reports first; departures after the collectives that came before them.
@@ -344,6 +389,10 @@ void NodeMonitor::Impl::flush() {
       return;
     }
     count([&](Counters& c) { c.records_forwarded += records; });
+    if (moving) {
+      leaveForAnother();
+      return;
+    }
     flush();
   });
 }
@@ -357,7 +406,14 @@ void NodeMonitor::Impl::tick() {
       MutexLock lock(address_mu);
       generation = address_generation;
     }
-    if (up == Up::kConnected && generation != connected_generation) dropUpstream();  // told to move
+    if (up == Up::kConnected && generation != connected_generation && !moving) {  // told to move
+      if (writing) {
+        moving = true;  // after the write under way
+      } else {
+        moving = true;
+        leaveForAnother();
+      }
+    }
     if (up == Up::kIdle) connectUpstream();
     // Collectives wait while the coordinator is away (bounded); heartbeats are only news
     // while fresh, and stay coalesced per rank either way.

@@ -69,11 +69,14 @@ struct WireHello {
 
 // Rank -> coordinator on a normal end (kGoneFinished) or an error of its own (kGoneFailed), and
 // when it was asked to stop (kGoneStopping: still there, leaving on purpose); node monitor ->
-// coordinator when a local rank's connection closed without a goodbye (kGoneClosed: it died).
+// coordinator when a local rank's connection closed without a goodbye (kGoneClosed: it died),
+// and to the coordinator it leaves when its agent points it at a new one (kGoneMoved: a
+// takeover; the old coordinator has been replaced and must judge nobody from now on).
 inline constexpr int32_t kGoneClosed = 0;    // the rank's connection closed without a goodbye
 inline constexpr int32_t kGoneFinished = 1;  // the rank said goodbye: a normal end
 inline constexpr int32_t kGoneFailed = 2;    // the rank is ending with an error of its own
 inline constexpr int32_t kGoneStopping = 3;  // the rank was asked to stop (SIGTERM/SIGINT) and will leave
+inline constexpr int32_t kGoneMoved = 4;     // the rank's telemetry goes to another coordinator now
 struct WireGone {
   int32_t rank = 0;
   int32_t reason = kGoneClosed;

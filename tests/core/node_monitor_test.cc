@@ -152,6 +152,41 @@ TEST(NodeMonitorTest, ARankThatEndsNormallyRaisesNoVerdict) {
   EXPECT_TRUE(sink.all.empty()) << sink.all.front().evidence;
 }
 
+// A takeover: the agent points the node monitor at the newly elected coordinator. The one it
+// leaves must not take the departure for two ranks dying (it named them dead_rank and ordered
+// whoever was still connected to it to abort: issue 19, defect 8); it hears that they moved and
+// judges nobody from then on. The new one judges.
+TEST(NodeMonitorTest, ACoordinatorLeftForANewOneNamesNobody) {
+  Sink old_sink, new_sink;
+  auto old_coord = coordinator(old_sink, 2);
+  auto new_coord = coordinator(new_sink, 2);
+  auto m = monitor(socketPath("move"), old_coord->port());
+  CollectiveTracker t0, t1;
+  auto c0 = client(m->socketPath(), 0, "host-a", t0);
+  auto c1 = client(m->socketPath(), 1, "host-a", t1);
+  ASSERT_TRUE(waitUntil([&] { return old_coord->counters().records >= 2; }));  // both hellos
+  const uint64_t before = old_coord->counters().records;
+  m->setCoordinator("127.0.0.1", new_coord->port());
+  ASSERT_TRUE(waitUntil([&] { return old_coord->counters().records >= before + 2; }));  // two "moved"
+  ASSERT_TRUE(waitUntil([&] { return new_coord->counters().records >= 2; }));           // hellos again
+  // Several evaluation rounds of the old coordinator (every 0.1 s) to err in.
+  auto until = Clock::now() + std::chrono::milliseconds(500);
+  while (Clock::now() < until) std::this_thread::yield();
+  {
+    std::lock_guard<std::mutex> lock(old_sink.mu);
+    EXPECT_TRUE(old_sink.all.empty()) << old_sink.all.front().evidence;
+  }
+  c1->dropConnection();  // rank 1 dies: the new coordinator names it
+  auto fut = new_sink.first.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  Verdict v = fut.get();
+  EXPECT_EQ(v.kind, VerdictKind::kDeadRank) << v.evidence;
+  EXPECT_EQ(v.ranks, std::vector<int>{1});
+  old_coord->stop();
+  std::lock_guard<std::mutex> lock(old_sink.mu);
+  EXPECT_TRUE(old_sink.all.empty()) << old_sink.all.front().evidence;
+}
+
 TEST(NodeMonitorTest, WhileTheCoordinatorIsAwayMemoryIsBoundedAndATakeoverLearnsTheHosts) {
   // No coordinator yet: port 1 refuses connections.
   auto m = monitor(socketPath("d"), 1, /*capacity=*/100);

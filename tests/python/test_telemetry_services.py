@@ -71,3 +71,101 @@ def test_election_rank_table_and_takeover_after_the_coordinator_host_dies(tmp_pa
             p.wait()
         a.close()
         b.close()
+
+
+def test_a_coordinator_taken_over_stops_at_once_not_at_the_next_round(tmp_path):
+    """host-b's node monitor lost host-a's coordinator for takeover_s and host-b took the office
+    over (a partition between them, say) while host-a's agent lives on. host-a's coordinator
+    must stop at its agent's next tick: left running until the next round it read the node
+    monitors moving away as dead ranks (issue 19, defect 8)."""
+    import socket
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    events = []
+    a = NodeServices(store, "svc2", "host-a", 2, str(tmp_path / "a"),
+                     on_event=lambda name, **f: events.append(dict(f, event=name)))
+    b = NodeServices(store, "svc2", "host-b", 2, str(tmp_path / "b"))
+    try:
+        assert a.in_office
+        old_port = a.coordinator.port
+        b._follow_or_elect(expected=a.following)  # what b's tick does after takeover_s of silence
+        assert b.in_office
+        _until(lambda: a.coordinator is None, 5, "host-a's deposed coordinator still runs")
+        assert not a.in_office and a.following == b.following
+        assert [e for e in events if e["event"] == "coordinator_deposed"], events
+        with socket.socket() as s:  # its port is closed: nothing listens there any more
+            assert s.connect_ex(("127.0.0.1", old_port)) != 0
+    finally:
+        a.close()
+        b.close()
+
+
+class _FlakyStore(dist.Store):
+    """A HashStore whose compare_set on the verdict key fails `failures` times, as a store that
+    is unreachable for a moment does."""
+
+    def __init__(self, failures):
+        super().__init__()
+        self.inner = dist.HashStore()
+        self.failures = failures
+
+    def set(self, key, value):
+        self.inner.set(key, value)
+
+    def get(self, key):
+        return self.inner.get(key)
+
+    def add(self, key, value):
+        return self.inner.add(key, value)
+
+    def compare_set(self, key, expected, desired):
+        if key.endswith("/verdict") and not expected and self.failures > 0:  # publishing, not peeking
+            self.failures -= 1
+            raise RuntimeError("connection reset by peer (the store, for a moment)")
+        return self.inner.compare_set(key, expected, desired)
+
+    def wait(self, keys, timeout=None):
+        self.inner.wait(keys, timeout)
+
+    def check(self, keys):
+        return self.inner.check(keys)
+
+
+class _OneVerdict:
+    """Our coordinator's side as NodeServices sees it, with one fatal verdict to give."""
+
+    def __init__(self, real, verdict):
+        self.real, self.verdict, self.port = real, verdict, real.port
+
+    def take_verdicts(self):
+        v, self.verdict = self.verdict, None
+        return [v] if v else []
+
+    def known_ranks(self):
+        return []
+
+    def set_slow_hosts(self, hosts):
+        pass
+
+    def stop(self):
+        self.real.stop()
+
+
+def test_a_verdict_the_store_refuses_is_published_when_it_answers_again(tmp_path):
+    """The coordinator's verdict queue is emptied before the store is written: one store error
+    lost the culprit for good, with no event (issue 19, defect 5)."""
+    store = _FlakyStore(failures=3)
+    events = []
+    a = NodeServices(store, "svc3", "host-a", 2, str(tmp_path / "a"),
+                     on_event=lambda name, **f: events.append(dict(f, event=name)))
+    try:
+        assert a.in_office
+        verdict = {"kind": "hung_rank", "ranks": [1], "hosts": ["host-b"], "gpus": [""], "section": "step",
+                   "evidence": "allreduce seq 7 never entered by rank 1"}
+        a.coordinator = _OneVerdict(a.coordinator, verdict)
+        _until(lambda: a.first_verdict() is not None, 10, "the verdict never reached the store")
+        assert a.first_verdict()["hosts"] == ["host-b"]
+        failed = [e for e in events if e["event"] == "verdict_publish_failed"]
+        assert len(failed) == 1 and failed[0]["hosts"] == ["host-b"] and "reset" in failed[0]["error"], events
+        assert [e["attempts"] for e in events if e["event"] == "verdict_published"] == [4], events
+    finally:
+        a.close()

@@ -121,6 +121,9 @@ class NodeServices:
         self.coordinator = None       # ours, when in office (or offered)
         self.following = None         # "host:port/epoch" our node monitor points at
         self.verdicts = []            # every verdict our coordinator reached
+        self._unpublished = None      # our coordinator's first fatal verdict, until the store has it
+        self._publish_failures = 0
+        self._published_verdict = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._disconnected_since = None
@@ -203,11 +206,26 @@ class NodeServices:
             with self._lock:
                 self.verdicts.extend(verdicts)
             fatal = [v for v in verdicts if v["kind"] != "straggler"]
-            if fatal and self.store is not None and self.vet(fatal[0]):
-                publish_verdict(self.store, self.job_id, fatal[0])
+            if fatal and self._unpublished is None and not self._published_verdict and self.store is not None \
+                    and self.vet(fatal[0]):
+                self._unpublished = fatal[0]
             if self.on_verdict:
                 for v in verdicts:
                     self.on_verdict(v)
+        if self._unpublished is not None:
+            # Taken from the coordinator already: until the store has it, it exists only here.
+            # A store error (a moment of unreachability) leaves it for the next tick, said once.
+            try:
+                publish_verdict(self.store, self.job_id, self._unpublished)
+            except Exception as e:
+                self._publish_failures += 1
+                if self._publish_failures == 1:
+                    self.on_event("verdict_publish_failed", kind=self._unpublished["kind"],
+                                  hosts=self._unpublished.get("hosts", []), error=f"{type(e).__name__}: {e}")
+                raise
+            if self._publish_failures:
+                self.on_event("verdict_published", kind=self._unpublished["kind"], attempts=self._publish_failures + 1)
+            self._unpublished, self._publish_failures, self._published_verdict = None, 0, True
         if self.store is not None:
             table = [list(r) for r in c.known_ranks() if r[2]]
             text = json.dumps(table)
@@ -216,18 +234,28 @@ class NodeServices:
                 self._last_table = text
 
     def _run(self):
+        failing = False
         while not self._stop.wait(0.2):
             try:
                 self._tick()
+                failing = False
             except Exception as e:  # the store may be gone for a moment; try again next tick
                 self._last_error = e
+                if not failing:  # said once per spell of failures, not every 0.2 s
+                    self.on_event("node_services_error", error=f"{type(e).__name__}: {e}")
+                failing = True
 
     def _tick(self):
         published = self._published()
         if published and published != self.following:
-            if self.coordinator is not None and not self.in_office:
+            if self.coordinator is not None and published != self._mine:
+                # Another agent took the office over from ours (or never let ours in): stop it
+                # now, not at the next round. Its node monitors are moving to the new one, and
+                # a coordinator left running would read their departures as dead ranks (they
+                # tell it they moved, which deposes it; stopping also frees its port and thread).
                 self.coordinator.stop()
                 self.coordinator = None
+                self.on_event("coordinator_deposed", coordinator=self._mine, replaced_by=published)
             self._follow(published)
         self._publish()
         self._tell_slow_hosts()

@@ -17,7 +17,10 @@
 // dropped and counted, and only that connection's closing is the rank's departure. The token
 // is the authentication: a peer that has it can still impersonate a rank with a hello. Garbage
 // bytes, malformed frames and failed accepts are counted; none stops the coordinator. Once the abort order went out, later verdicts (ranks leaving because of it,
-// collectives left open) are consequences: counted, not reported. stop() is idempotent and joins the thread; the destructor calls it.
+// collectives left open) are consequences: counted, not reported. A node monitor that says its
+// ranks moved (kGoneMoved: its agent follows a coordinator elected since, a takeover) deposes this
+// one: from then on it reports and orders nothing (deposed_verdicts counts what it found).
+// stop() is idempotent and joins the thread; the destructor calls it.
 #pragma once
 
 #include <functional>
@@ -65,6 +68,8 @@ class TRAINSUP_EXPORT Coordinator {
     uint64_t garbage_bytes = 0;        // bytes skipped looking for a frame's start (not a frame)
     uint64_t conflicting_records = 0;  // records of a rank that said hello on another connection
     uint64_t accept_errors = 0;        // failed accepts (e.g. out of descriptors), retried
+    uint64_t deposed_verdicts = 0;     // verdicts after a node monitor moved to a new coordinator:
+                                       // counted, not reported (this one was replaced)
   };
   Counters counters() const;
   // What the coordinator knows of every rank (from start() and the hellos since), for a

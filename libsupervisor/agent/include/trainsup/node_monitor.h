@@ -11,7 +11,9 @@
 // stays bounded and a rank never blocks. The connection to the coordinator is re-established
 // every `forward_interval_s` (each attempt bounded by `connect_timeout_s`); after connecting,
 // the hellos of every local rank are sent again, so a coordinator that took over learns them.
-// setCoordinator() points the monitor at another coordinator (takeover). When a local rank's
+// setCoordinator() points the monitor at another coordinator (takeover); the one it leaves is
+// first told that each local rank moved (kGoneMoved), so that it judges nobody from then on
+// instead of taking the departures for deaths. When a local rank's
 // connection closes, a departure record (WireGone) is forwarded for each rank it spoke for,
 // unless the rank said goodbye itself (a normal exit). Abort frames from the coordinator are
 // relayed to every local rank. stop() is idempotent and joins the thread; the destructor
