@@ -52,3 +52,23 @@ def test_quarantine_commands_get_quoted_placeholders(tmp_path):
     results = run_commands(record, f"echo drain {{host}} {{reason}} >> {out}\n\nfalse")
     assert [rc for _, rc in results] == [0, 1]
     assert out.read_text() == "drain node7 rank 3 silent; $(reboot)\n"
+
+
+def test_remove_releases_the_host_for_a_running_job_too(tmp_path):
+    """The job's agents keep a copy of each record in the job's store; the operator's CLI has no
+    store. `trainsup quarantine remove` used to delete the file only, the agents fell back to the
+    store copy, and the host kept exiting 95 for the rest of the job (issue 19, defect 6)."""
+    import torch.distributed as dist
+    store = dist.HashStore()
+    agents_view = Quarantine(str(tmp_path), store)  # what the job's agents see
+    agents_view.add("node5", reason="hung_rank on rank 9", verdict="hung_rank")
+    assert agents_view.get("node5")["verdict"] == "hung_rank"
+    assert _main(tmp_path, "remove", "node5").returncode == 0  # the operator, without the store
+    assert agents_view.get("node5") is None, "released, but the job still sees the store's copy"
+    assert Quarantine(str(tmp_path)).get("node5") is None
+    assert _main(tmp_path, "list").stdout.strip() == ""
+    # A new fault after the release quarantines the host again, in the store as on disk.
+    agents_view.add("node5", reason="dead_host", verdict="dead_host")
+    assert agents_view.get("node5")["verdict"] == "dead_host"
+    os.remove(tmp_path / "node5.json")  # a host that does not share the directory: the store's copy counts
+    assert agents_view.get("node5")["verdict"] == "dead_host"

@@ -1,7 +1,12 @@
 """Quarantined hosts: persistent records on shared storage, mirrored in the job's store.
 
 A record is `<dir>/<host>.json` = {"host", "gpu", "reason", "verdict", "time", "expiry"} (Unix
-seconds; default expiry 24 h), written atomically (temporary name, fsync, rename). The launcher's
+seconds; default expiry 24 h), written atomically (temporary name, fsync, rename). The job's
+agents also keep a copy in the job's store (for hosts that do not share the directory). The
+directory is the record's home: `remove` deletes the file and leaves `<dir>/<host>.released`
+(the time of the release), which outranks any store copy written before it, so that an operator
+who releases a host with the CLI (which has no store) releases it for the running job too; a
+later quarantine, newer than the release, counts again. The launcher's
 agent on a quarantined host does not join the next rendezvous and exits with
 EXIT_QUARANTINED (95). Records outlive the job: the next job launched with the same directory
 keeps avoiding the host until the record expires or is removed
@@ -42,15 +47,13 @@ class Quarantine:
     def _path(self, host):
         return os.path.join(self.dir, _safe(host) + ".json")
 
-    def add(self, host, reason, verdict="manual", gpu="", ttl_s=DEFAULT_TTL_S):
-        """Writes the record (replacing an older one); returns it."""
-        now = time.time()
-        record = {"host": _safe(host), "gpu": gpu, "reason": reason, "verdict": verdict, "time": now,
-                  "expiry": now + ttl_s}
-        path = self._path(host)
+    def _released_path(self, host):
+        return os.path.join(self.dir, _safe(host) + ".released")
+
+    def _write_atomically(self, path, text):
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
-            json.dump(record, f)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
@@ -59,16 +62,34 @@ class Quarantine:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def released_at(self, host):
+        """When `host` was last released with remove() (Unix seconds), or None."""
+        try:
+            with open(self._released_path(host)) as f:
+                return float(json.load(f)["time"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def add(self, host, reason, verdict="manual", gpu="", ttl_s=DEFAULT_TTL_S):
+        """Writes the record (replacing an older one); returns it."""
+        now = time.time()
+        record = {"host": _safe(host), "gpu": gpu, "reason": reason, "verdict": verdict, "time": now,
+                  "expiry": now + ttl_s}
+        self._write_atomically(self._path(host), json.dumps(record))
         if self.store is not None:
             self.store.set(quarantine_key(host), json.dumps(record))
         return record
 
     def remove(self, host):
+        """Releases `host`: deletes its record and marks the release in the directory (which
+        outranks a copy in a running job's store). True if there was a live record here."""
+        removed = self.get(host) is not None
         try:
             os.remove(self._path(host))
-            removed = True
         except FileNotFoundError:
-            removed = False
+            pass
+        self._write_atomically(self._released_path(host), json.dumps({"host": host, "time": time.time()}))
         if self.store is not None:
             try:
                 self.store.delete_key(quarantine_key(host))
@@ -77,7 +98,8 @@ class Quarantine:
         return removed
 
     def get(self, host):
-        """The live record of `host`, or None (expired records count as absent)."""
+        """The live record of `host`, or None (expired records count as absent, and so does a
+        store copy older than the host's release)."""
         record = None
         try:
             with open(self._path(host)) as f:
@@ -88,6 +110,9 @@ class Quarantine:
             from .telemetry import peek
             text = peek(self.store, quarantine_key(host))
             record = json.loads(text) if text else None
+            released = self.released_at(host) if record is not None else None
+            if released is not None and float(record.get("time", 0)) <= released:
+                record = None  # released by an operator since it was written
         if record is not None and record.get("expiry", 0) <= time.time():
             return None
         return record
