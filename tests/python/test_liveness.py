@@ -199,3 +199,72 @@ def test_a_slow_link_to_the_store_is_reported_once_and_its_recovery_too_and_nobo
     assert len(slow) == 2 and slow[1][0] == "host-a" and slow[1][3] is False
     assert b.slow_hosts(["host-a", "host-b"]) == []
     assert lost == []
+
+
+class CountingStore(dist.Store):
+    """A HashStore that counts the operations made on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = dist.HashStore()
+        self.ops = 0
+
+    def set(self, key, value):
+        self.ops += 1
+        self.inner.set(key, value)
+
+    def get(self, key):
+        self.ops += 1
+        return self.inner.get(key)
+
+    def add(self, key, value):
+        self.ops += 1
+        return self.inner.add(key, value)
+
+    def compare_set(self, key, expected, desired):
+        self.ops += 1
+        return self.inner.compare_set(key, expected, desired)
+
+    def check(self, keys):
+        self.ops += 1
+        return self.inner.check(keys)
+
+    def wait(self, keys, timeout=None):
+        self.inner.wait(keys, timeout)
+
+
+def store_ops_per_agent_second(n, seconds=10, warmup=3):
+    """Store operations per agent per keep-alive interval, in a job of `n` agents (one round,
+    every agent beating and checking once a second, nobody failing), after a warm-up in which
+    each agent reads the ring, the agent list and the others' identities once."""
+    store, clock = CountingStore(), Clock()
+    agents = [HostLiveness(store, "run", f"host-{i}", [f"h{i}", i, 0], lambda *a: None, clock=clock, start=False,
+                           timeout_s=5.0) for i in range(n)]
+    for g, a in enumerate(agents):
+        a.joined_round(0, g, n)
+
+    def second():
+        clock.t += 1.0
+        for a in agents:
+            a.beat()
+        for a in agents:
+            a.check()
+
+    for _ in range(warmup):
+        second()
+    before = store.ops
+    for _ in range(seconds):
+        second()
+    return (store.ops - before) / (n * seconds)
+
+
+def test_each_agents_store_load_is_the_same_at_16_and_at_64_hosts():
+    """Every agent re-read every agent-list key each second: ~270k store operations a second at
+    512 hosts on one TCPStore (issue 19, defect 7). Now a constant per agent: one keep-alive,
+    its own counter, the agents' count, and one read per watched agent and witness (16 hosts
+    are the smallest job with all 8 witnesses)."""
+    small, large = store_ops_per_agent_second(16), store_ops_per_agent_second(64)
+    print(f"[measure] store operations per agent per second: {small:.1f} at 16 agents, {large:.1f} at 64 "
+          f"(x{large / small:.2f}); the job's store at 64: {large * 64:.0f}/s")
+    assert large <= small * 1.05, (small, large)
+    assert large <= 1 + 1 + 1 + 2 + 8 + 0.5, large  # keep-alive, own, count, 2 watched, 8 witnesses

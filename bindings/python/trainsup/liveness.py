@@ -5,8 +5,13 @@ perhaps the coordinator went with it.
 Each agent renews a keep-alive counter in the job's store every `interval_s`
 (TRAINSUP_AGENT_HEARTBEAT_S) on a thread that does nothing else and, after each rendezvous,
 registers its group rank. A second thread watches the next two agents of its round in
-group-rank order (a ring: every agent is watched twice, and each reads a few keys a second, so
-the store's load grows with the number of hosts, not its square). An agent whose counter has not
+group-rank order (a ring: every agent is watched twice). Each agent's store operations per
+interval are bounded whatever the job's size (the store's load grows with the number of hosts,
+not its square; tests/python/test_liveness.py counts them at 64 agents): one keep-alive, one read
+of its own counter, one of the agents' count, and one counter read per watched agent and per
+witness; the round's ring, the list of agents (append-only) and each agent's identity are read
+once and kept, and a silent agent's identity and "left" mark only when its silence is judged.
+An agent whose counter has not
 moved for `timeout_s` (TRAINSUP_AGENT_TIMEOUT_S), and that has not said it left on purpose (a
 normal end, a quarantine exit, giving up, a signal from the scheduler), is reported through
 on_lost(host, silent_s, node_desc, round) on the watching thread; if on_lost raises, on_error
@@ -85,6 +90,8 @@ class HostLiveness:
         self._seen = {}               # host -> (node, counter value, time it last changed, own counter then)
         self._lost = set()            # (host, node) reported lost
         self._told = set()            # (host, node, counter, reason) already given to on_unconfirmed
+        self._ring = None             # (round, group rank, world, hosts watched), once all are known
+        self._agents = []             # the job's agents in joining order (an append-only list in the store)
         self._stop = threading.Event()
         self.on_slow = on_slow or (lambda host, median_s, baseline_s, slow: None)
         self.slow_link_s = float(slow_link_s)
@@ -207,15 +214,23 @@ class HostLiveness:
         return bool(others) and not any(now - seen[h][2] < self.witness_window_s for h in others)
 
     def _watched(self):
+        """(round, the next agents of the ring). Read from the store until every one has
+        registered, then kept for the round: a round's ring does not change."""
         with self._lock:
             if self._round is None:
                 return None, []
             rnd, g, world = self._round
-        hosts = []
+        ring = self._ring
+        if ring is not None and ring[:3] == (rnd, g, world):
+            return rnd, list(ring[3])
+        hosts, complete = [], True
         for i in range(1, min(2, world - 1) + 1):
             host = peek(self.store, self._round_key(rnd, (g + i) % world))
+            complete = complete and bool(host)
             if host and host != self.host:
                 hosts.append(host)
+        if complete:
+            self._ring = (rnd, g, world, tuple(hosts))
         return rnd, hosts
 
     def _tell(self, host, last, silent, own_beats, reason):
@@ -226,14 +241,23 @@ class HostLiveness:
             self.on_unconfirmed(host, silent, own_beats, reason)
 
     def _witness_hosts(self, watched):
-        """Up to `witnesses` other agents of the job (any round, spares too), not watched."""
+        """Up to `witnesses` other agents of the job (any round, spares too), not watched: the
+        newest to join. The list only grows: one read of its count, and each entry once."""
         count = int(peek(self.store, names.agents_count_key(self.run_id)) or 0)
+        while len(self._agents) < count:
+            h = peek(self.store, names.agent_list_key(self.run_id, len(self._agents)))
+            if h is None:
+                break  # counted, not yet written: read it at the next check
+            self._agents.append(h)
+        if self.witnesses <= 0:
+            return []
         hosts = []
-        for i in range(count):
-            h = peek(self.store, names.agent_list_key(self.run_id, i))
-            if h and h != self.host and h not in watched and h not in hosts:
+        for h in reversed(self._agents):
+            if h != self.host and h not in watched and h not in hosts:
                 hosts.append(h)
-        return hosts[-self.witnesses:] if self.witnesses > 0 else []
+                if len(hosts) == self.witnesses:
+                    break
+        return hosts[::-1]
 
     def _heard_within(self, host, now):
         """Whether `host`'s counter moved within witness_window_s (as far as our reads tell)."""
@@ -254,19 +278,31 @@ class HostLiveness:
         witnesses = self._witness_hosts(hosts)
         silent_hosts = []
         for host in hosts + witnesses:
-            node = peek(self.store, self._key(host, "node"))
-            if (host, node) in self._lost:
-                continue
             value = peek(self.store, self._key(host, "beat"))
             last = self._seen.get(host)
-            if last is None or last[:2] != (node, value):
-                self._seen[host] = (node, value, now, own)  # a new agent of the host starts afresh
+            if last is not None and last[1] == value:
+                if host in hosts and (host, last[0]) not in self._lost:
+                    silent_hosts.append((host, last[0], last))
                 continue
-            if host in hosts:
-                silent_hosts.append((host, node, last))
+            # First sight, or the counter moved: alive. Which agent (its node in the
+            # rendezvous) is read when first seen and when a host reported lost comes back (a
+            # new agent of the host, whose counter goes on from the old one's); else kept.
+            node = last[0] if last is not None and (host, last[0]) not in self._lost else \
+                peek(self.store, self._key(host, "node"))
+            self._seen[host] = (node, value, now, own)
         for host, node, last in silent_hosts:
             silent = now - last[2]
-            if silent < self.timeout_s or peek(self.store, self._key(host, "left")) == node:
+            if silent < self.timeout_s:
+                continue
+            current = peek(self.store, self._key(host, "node"))
+            if current != node:
+                # Another agent of the host since we last read who it was (its counter moved
+                # for it): the silence is that agent's, judged from when the counter last moved.
+                node, last = current, (current,) + tuple(last[1:])
+                self._seen[host] = last
+                if (host, node) in self._lost:
+                    continue
+            if peek(self.store, self._key(host, "left")) == node:
                 continue
             if silent < self.timeout_s * self.slow_link_multiplier and peek(self.store, self._key(host, "slow")):
                 continue  # its link is slow: its keep-alives are late, not gone
