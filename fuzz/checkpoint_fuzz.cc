@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "fuzz_entry.h"
-#include "mem_file_system.h"
+#include "base/mem_file_system.h"
 #include "trainsup/checkpoint_format.h"
 #include "trainsup/checkpointer.h"
 
@@ -80,10 +80,10 @@ TRAINSUP_FUZZ_ENTRY(trainsupFuzzCheckpoint) {
     manifest = fixManifest(manifest);
     fixShard(shard);
   }
-  fuzz::MemFileSystem fs;
+  testing::MemFileSystem fs;
   const std::string step_dir = "/ckpt/" + step_name;
-  fs.files[step_dir + "/" + kManifestName] = manifest;
-  fs.files[step_dir + "/" + shardFileName(0, 1)] = shard;
+  fs.setFile(step_dir + "/" + kManifestName, manifest);
+  fs.setFile(step_dir + "/" + shardFileName(0, 1), shard);
 
   CheckpointOptions options;
   options.dir = "/ckpt";

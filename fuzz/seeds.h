@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "mem_file_system.h"
+#include "base/mem_file_system.h"
 #include "trainsup/checkpoint_format.h"
 #include "trainsup/checkpointer.h"
 #include "telemetry/telemetry_wire.h"
@@ -63,7 +63,7 @@ inline std::vector<std::string> telemetryFrameSeeds() {
 
 // Byte 0 flags, u32 manifest length, manifest, shard (checkpoint_fuzz.cc).
 inline std::vector<std::string> checkpointSeeds() {
-  MemFileSystem fs;
+  testing::MemFileSystem fs;
   const std::string dir = "/seed";
   std::vector<float> w(64);
   for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i) * 0.5f;
@@ -81,8 +81,8 @@ inline std::vector<std::string> checkpointSeeds() {
   m.shards.push_back({0, shardFileName(0, 1), info.file_size, info.index_xxh3});
   m.metadata["step"] = "7";
   if (!writeManifest(fs, dir, m).isOk()) return {};
-  const std::string manifest = fs.files[dir + "/" + kManifestName];
-  const std::string shard = fs.files[dir + "/" + shardFileName(0, 1)];
+  const std::string manifest = fs.file(dir + "/" + kManifestName).value_or("");
+  const std::string shard = fs.file(dir + "/" + shardFileName(0, 1)).value_or("");
   std::vector<std::string> seeds;
   auto add = [&](char flags, const std::string& digits, const std::string& man, const std::string& sh) {
     std::string s(1, flags);
@@ -117,7 +117,7 @@ inline std::vector<std::string> checkpointSeeds() {
   m.shards[0].size = hostile.size();
   m.shards[0].xxh3 = index_hash;
   if (!writeManifest(fs, dir, m).isOk()) return seeds;
-  add(0, "", fs.files[dir + "/" + kManifestName], hostile);
+  add(0, "", fs.file(dir + "/" + kManifestName).value_or(""), hostile);
   return seeds;
 }
 

@@ -352,6 +352,28 @@ TEST(CheckpointFaultTest, DiskErrorsFailOneSaveAndTrainingContinues) {
   }
 }
 
+// The same over the in-memory file system (base/mem_file_system.h: one fault injector over
+// either file system): the checkpointer's writer thread and the training thread share it.
+TEST(CheckpointFaultTest, AFullDiskFailsOneSaveOverTheInMemoryFileSystemToo) {
+  testing::MemFileSystem mem;
+  FaultyFileSystem fs(mem);
+  Events ev;
+  auto c = make(opts("/mem/ckpt"), fs, ev);
+  State s1(1), s2(2), s3(3);
+  saveAndCommit(*c, s1, 1);
+  fs.arm({FaultyFileSystem::Op::kAppend, "shard", 5000, Status::ioError("injected: No space left on device")});
+  ASSERT_TRUE(c->save(2, s2.collect(2)).isOk());
+  EXPECT_FALSE(c->waitIdle(seconds(30)).isOk());
+  EXPECT_EQ(ev.count("checkpoint_failed"), 1);
+  EXPECT_FALSE(fs.exists(c->stepDir(2) + "/MANIFEST.json"));
+  EXPECT_FALSE(mem.file(c->stepDir(2) + "/.shard-r00000-of-00001.tsc.tmp").has_value());
+  saveAndCommit(*c, s3, 3);
+  State got(0);
+  EXPECT_EQ(restoreInto(*c, got), 3);
+  EXPECT_TRUE(got == s3);
+  EXPECT_FALSE(std::filesystem::exists("/mem/ckpt")) << "nothing reached the disk";
+}
+
 // kill -9 of the writing process at each point of a persist leaves the previous checkpoint
 // restorable and the interrupted one invalid.
 TEST(CheckpointFaultTest, KillNineAtEachPointOfAPersist) {

@@ -1,5 +1,5 @@
-// Helpers for the checkpoint tests: a temp dir, deterministic buffers, a fault-injecting
-// file system, and a recorder of checkpointer events.
+// Helpers for the checkpoint tests: a temp dir, deterministic buffers and a recorder of
+// checkpointer events (the fault-injecting and in-memory file systems: base/mem_file_system.h).
 #pragma once
 
 #include <signal.h>
@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/mem_file_system.h"  // MemFileSystem, FaultyFileSystem
 #include "trainsup/checkpointer.h"
 
 namespace trainsup::testing {
@@ -84,86 +85,6 @@ struct Events {
     return out;
   }
   int count(const std::string& event) { return static_cast<int>(reasons(event).size()); }
-};
-
-// Injects a failure (a Status, or SIGKILL of this process) into the first matching operation.
-class FaultyFileSystem : public FileSystemWrapper {
- public:
-  enum class Op { kCreate, kAppend, kSync, kRename, kSyncDir, kRemove };
-  struct Fault {
-    Op op;
-    std::string path_contains;
-    uint64_t after_bytes = 0;  // kAppend: fail once this many bytes were written to the file
-    Status error;              // OK = kill -9 this process
-  };
-  explicit FaultyFileSystem(FileSystem& target = FileSystem::posix()) : FileSystemWrapper(target) {}
-  void arm(Fault f) {
-    std::lock_guard<std::mutex> lock(mu_);
-    fault_ = std::move(f);
-    armed_ = true;
-  }
-  void disarm() {
-    std::lock_guard<std::mutex> lock(mu_);
-    armed_ = false;
-  }
-  // Returns the failure to inject for this operation, if any (kills for an OK status).
-  Status check(Op op, const std::string& path, uint64_t written = 0, uint64_t n = 0) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!armed_ || fault_.op != op || path.find(fault_.path_contains) == std::string::npos) return Status::ok();
-    if (op == Op::kAppend && written + n <= fault_.after_bytes) return Status::ok();
-    armed_ = false;
-    if (fault_.error.isOk()) raise(SIGKILL);
-    return fault_.error;
-  }
-
-  Result<std::unique_ptr<WritableFile>> newWritableFile(const std::string& p) override {
-    if (Status s = check(Op::kCreate, p); !s.isOk()) return s;
-    auto f = target().newWritableFile(p);
-    if (!f) return f;
-    return std::unique_ptr<WritableFile>(new File(this, std::move(*f)));
-  }
-  Status rename(const std::string& from, const std::string& to) override {
-    if (Status s = check(Op::kRename, from); !s.isOk()) return s;
-    return target().rename(from, to);
-  }
-  Status syncDir(const std::string& d) override {
-    if (Status s = check(Op::kSyncDir, d); !s.isOk()) return s;
-    return target().syncDir(d);
-  }
-  Status removeFile(const std::string& p) override {
-    if (Status s = check(Op::kRemove, p); !s.isOk()) return s;
-    return target().removeFile(p);
-  }
-
- private:
-  class File : public WritableFile {
-   public:
-    File(FaultyFileSystem* fs, std::unique_ptr<WritableFile> f) : fs_(fs), f_(std::move(f)) {}
-    Status append(const void* d, size_t n) override {
-      if (Status s = fs_->check(Op::kAppend, path(), written_, n); !s.isOk()) {
-        // A short write: part of the data reaches the file before the error.
-        size_t part = n / 2;
-        f_->append(d, part);
-        return s;
-      }
-      written_ += n;
-      return f_->append(d, n);
-    }
-    Status sync() override {
-      if (Status s = fs_->check(Op::kSync, path()); !s.isOk()) return s;
-      return f_->sync();
-    }
-    Status close() override { return f_->close(); }
-    const std::string& path() const override { return f_->path(); }
-
-   private:
-    FaultyFileSystem* fs_;
-    std::unique_ptr<WritableFile> f_;
-    uint64_t written_ = 0;
-  };
-  std::mutex mu_;
-  Fault fault_;
-  bool armed_ = false;
 };
 
 }  // namespace trainsup::testing

@@ -72,10 +72,10 @@ TEST(FuzzReplayTest, TheCheckpointSeedRestores) {
   const std::string seed = fuzz::checkpointSeeds().at(0);
   uint32_t m = 0;
   std::memcpy(&m, seed.data() + 1, 4);
-  fuzz::MemFileSystem fs;
+  testing::MemFileSystem fs;
   const std::string step_dir = "/ckpt/" + checkpointDirName(7);
-  fs.files[step_dir + "/" + kManifestName] = seed.substr(5, m);
-  fs.files[step_dir + "/" + shardFileName(0, 1)] = seed.substr(5 + m);
+  fs.setFile(step_dir + "/" + kManifestName, seed.substr(5, m));
+  fs.setFile(step_dir + "/" + shardFileName(0, 1), seed.substr(5 + m));
   CheckpointOptions options;
   options.dir = "/ckpt";
   Identity id;
