@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from trainsup.ports import free_port
+from ranks import Ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_DDP = os.path.join(REPO, "examples", "python", "train_ddp.py")
@@ -45,19 +45,17 @@ class Job:
             line = json.loads(m.stdout.readline())
             assert line["event"] == "listening", line
             self.monitors[host] = (m, sock)
-        port = free_port()
-        self.ranks = []
-        for r in range(world):
+        def rank_env(r):
             host = HOSTS[r]
-            renv = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(HOSTS[:r].count(host)),
-                        LOCAL_WORLD_SIZE=str(HOSTS[:world].count(host)), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(port), TRAINSUP_NODE_NAME=host, TRAINSUP_LOG_DIR=str(workdir / "logs"),
-                        TRAINSUP_CHECKPOINT_DIR=str(workdir / "ckpt"), TRAINSUP_LOG_STDERR="0",
-                        TRAINSUP_COORDINATOR=f"unix:{self.monitors[host][1]}", TRAINSUP_JOB_TOKEN=self.token,
-                        OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-            renv.update(env or {})
-            self.ranks.append(subprocess.Popen([sys.executable, TRAIN_DDP, *train_args], env=renv,
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            return dict(LOCAL_RANK=str(HOSTS[:r].count(host)), LOCAL_WORLD_SIZE=str(HOSTS[:world].count(host)),
+                        TRAINSUP_NODE_NAME=host, TRAINSUP_COORDINATOR=f"unix:{self.monitors[host][1]}",
+                        **(env or {}))
+
+        self.job = Ranks(world, [sys.executable, TRAIN_DDP, *train_args], rank_env=rank_env,
+                         env=dict(TRAINSUP_LOG_DIR=str(workdir / "logs"), TRAINSUP_CHECKPOINT_DIR=str(workdir / "ckpt"),
+                                  TRAINSUP_LOG_STDERR="0", TRAINSUP_JOB_TOKEN=self.token),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=False)
+        self.ranks = self.job.procs
 
     def _read(self):
         for line in self.coord.stdout:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import torch
-from trainsup.ports import free_port
+from ranks import Ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch2_state_worker.py")
@@ -16,22 +16,14 @@ STEPS, EVERY = 12, 8  # one checkpoint, at step 8; the resumed run does steps 9.
 
 
 def _run(tmp_path, tag, model, world, ckpt_dir, extra=(), steps=STEPS):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TRAINSUP_CHECKPOINT_DIR=str(ckpt_dir), TRAINSUP_LOG_DIR=str(tmp_path / "logs"),
-                   TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1",
-                   TRAINSUP_CHECKPOINT_BUSY_POLICY="wait",  # which steps are saved must not depend on timing
-                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
-                   PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        cmd = [sys.executable, WORKER, "--model", model, "--steps", str(steps), "--checkpoint-every", str(EVERY),
-               "--out", str(tmp_path / tag)] + list(extra)
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        out, _ = p.communicate(timeout=600)
-        assert p.returncode == 0, out[-4000:]
+    env = dict(TRAINSUP_CHECKPOINT_DIR=str(ckpt_dir), TRAINSUP_LOG_DIR=str(tmp_path / "logs"), TRAINSUP_LOG_STDERR="0",
+               TRAINSUP_CHECKPOINT_BUSY_POLICY="wait",  # which steps are saved must not depend on timing
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    cmd = [sys.executable, WORKER, "--model", model, "--steps", str(steps), "--checkpoint-every", str(EVERY),
+           "--out", str(tmp_path / tag)] + list(extra)
+    with Ranks(world, cmd, env=env) as job:
+        for rc, out in job.communicate(timeout=600):
+            assert rc == 0, out[-4000:]
     return [torch.load(tmp_path / f"{tag}.{r}") for r in range(world)]
 
 

@@ -58,17 +58,11 @@ def test_pytorch_distributed_tests_have_the_same_outcomes_with_trainsup(tmp_path
 def test_distributed_checkpoint_of_an_fsdp2_model_works_with_trainsup(tmp_path):
     """torch.distributed.checkpoint (save, async_save, load) of an FSDP2 model on gloo, with every
     collective of the default group going through trainsup's tracking backend."""
-    from trainsup.ports import free_port
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dcp_worker.py"), str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out[-4000:]
+    from ranks import Ranks
+    with Ranks(2, [sys.executable, os.path.join(HERE, "dcp_worker.py"), str(tmp_path)]) as job:
+        outs = job.communicate(timeout=300)
+    for rc, out in outs:
+        assert rc == 0, out[-4000:]
         r = json.loads(out.strip().splitlines()[-1])
         assert r["equal"] == {"sync": True, "async": True}, r
         assert r["backend"] == "gloo" and r["tracked_during_dcp"] > 0, r

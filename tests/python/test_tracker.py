@@ -8,24 +8,17 @@ import sys
 import pytest
 
 import trainsup
-from trainsup.ports import free_port
+from ranks import Ranks, python_path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_tracker_counts_every_ddp_allreduce(tmp_path):
     world, steps = 2, 6
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "ddp_count_worker.py"), str(steps),
-                                       str(tmp_path / "result")], env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, out
+    with Ranks(world, [sys.executable, os.path.join(HERE, "ddp_count_worker.py"), str(steps),
+                       str(tmp_path / "result")]) as job:
+        for rc, out in job.communicate(timeout=300):
+            assert rc == 0, out
     for rank in range(world):
         r = json.load(open(tmp_path / f"result.{rank}"))
         # DDP's own account of its buckets, against what passed through the wrapper.
@@ -40,14 +33,9 @@ def test_tracker_counts_every_ddp_allreduce(tmp_path):
 def test_collective_held_back_by_a_peer_stays_in_flight_until_it_finishes(tmp_path):
     """Completion is read from the work: an all-reduce that a peer has not joined is pending in
     the tracker however long it waits, and its recorded duration covers the wait."""
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "held_collective_worker.py")], env=env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
-    r0, r1 = procs
+    job = Ranks(2, [sys.executable, os.path.join(HERE, "held_collective_worker.py")], stdin=subprocess.PIPE,
+                stderr=None)
+    r0, r1 = job.procs
     try:
         assert json.loads(r1.stdout.readline())["state"] == "waiting"
         assert json.loads(r0.stdout.readline())["state"] == "issued"
@@ -67,12 +55,10 @@ def test_collective_held_back_by_a_peer_stays_in_flight_until_it_finishes(tmp_pa
         assert rec["seq"] == held["record"]["seq"] and rec["ok"]
         assert rec["exit_ns"] - rec["enter_ns"] >= held["held_ns"], (rec, held)
         assert json.loads(r1.stdout.readline())["state"] == "done"
-        for p in procs:
+        for p in job.procs:
             assert p.wait(timeout=60) == 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        job.kill()
 
 
 def test_releasing_the_wrapper_from_python_never_holds_the_gil_while_gloo_shuts_down(tmp_path):
@@ -80,7 +66,7 @@ def test_releasing_the_wrapper_from_python_never_holds_the_gil_while_gloo_shuts_
     threads, which may need the GIL to free a collective's tensors. Holding the GIL there
     deadlocked a rank of PyTorch's own DDP tests under trainsup (seen twice in CI)."""
     worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "backend_release_worker.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=python_path(), OMP_NUM_THREADS="1")
     init = str(tmp_path / "init")
     procs = [subprocess.Popen([sys.executable, worker, str(r), init], env=env, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
