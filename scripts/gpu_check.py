@@ -279,7 +279,7 @@ def child_abort_rank(cpu):
 
 def child_abort(cpu):
     """The agent side: the node services (node monitor + coordinator) and the rank(s)."""
-    from trainsup.telemetry import NodeServices
+    from trainsup.launch.node_services import NodeServices
     import trainsup
 
     world = 2 if cpu else 1
@@ -374,7 +374,7 @@ def judge_abort(r, cpu):
 
 # ---------------------------------------------------------------- nvml
 def child_nvml(cpu):
-    from trainsup import preflight
+    from trainsup.launch import preflight
     import trainsup
 
     records, note = preflight.gpu_records()

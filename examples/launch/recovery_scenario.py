@@ -17,6 +17,12 @@ training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
   preempt     hosts a, b (--nnodes=1:2); host-b's agent gets SIGTERM from outside (a scheduler
               taking the node back): it is not a fault, so no host is named or quarantined, and
               the job finishes on host-a.
+  grow        --nnodes=1:3 with a restart cap of 1: host-a trains alone, host-b joins, then host-c
+              (two rounds ended for nodes that joined: no restarts); then host-c's worker is
+              killed (a real failure: the one restart) and the job finishes on a + b.
+  sharded     as shrink, but the workers' checkpoints hold sharded state (restored by the same
+              world size only): on host-a alone the restore fails, and host-a gives up (96) at
+              once, saying why, instead of failing the same way until the restart cap.
 
 Prints a JSON summary line last. Used by tests/python/test_launcher.py, scripts/demo.sh and
 bench/recovery_bench.py.
@@ -92,10 +98,11 @@ class Cluster:
                         PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
         self.agents = {}
 
-    def start(self, host):
+    def start(self, host, rdzv_conf=None):
         out = open(self.dir / f"agent-{host}.out", "w")
         cmd = [sys.executable, "-m", "trainsup.run", f"--nnodes={self.nnodes}", "--nproc_per_node=1",
                f"--rdzv_backend={self.backend}", f"--rdzv_endpoint=127.0.0.1:{self.port}", "--rdzv_id=scenario",
+               *([f"--rdzv_conf={rdzv_conf}"] if rdzv_conf else []),
                "--run-dir", str(self.dir / "run"), str(TRAIN), "--steps", str(self.steps),
                "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
         self.agents[host] = subprocess.Popen(cmd, env=dict(self.env, TRAINSUP_NODE_NAME=host), stdout=out,
@@ -171,9 +178,10 @@ def clean_scenario(workdir, steps):
         c.kill_all()
 
 
-def fault_scenario(workdir, steps, spare):
+def fault_scenario(workdir, steps, spare, sharded=False):
     c = Cluster(workdir, "2:2" if spare else "1:2", steps,
-                extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")])
+                extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")] + (["--sharded-checkpoints"] if sharded
+                                                                                  else []))
     try:
         c.start("host-a")
         c.start("host-b")
@@ -238,6 +246,30 @@ def preempt_scenario(workdir, steps):
         c.kill_all()
 
 
+def grow_scenario(workdir, steps):
+    # One restart allowed: growing twice must not use it up (torchrun does not count a round
+    # ended for nodes that joined); the real failure afterwards takes it.
+    # Long enough for two hosts to join and train before the fault (each join restarts the round).
+    c = Cluster(workdir, "1:3", max(steps, 1500), extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")],
+                env={"TRAINSUP_MAX_RESTARTS": "1"})
+    conf = "last_call_timeout=2"  # a round of fewer than 3 nodes forms 2 s after the first has enough
+    try:
+        c.start("host-a", rdzv_conf=conf)
+        c.wait_until(lambda: c.training_at("host-a", 50), 180, "training on host-a")
+        c.start("host-b", rdzv_conf=conf)
+        c.wait_until(lambda: c.training_at("host-b", 100), 180, "training on host-b after it joined")
+        c.start("host-c", rdzv_conf=conf)
+        c.wait_until(lambda: any(e["event"] == "checkpoint_committed" for e in c.rank_events("host-c")), 180,
+                     "training on host-c after it joined")
+        victim = c.worker_pid("host-c")
+        fault_wall = time.time()
+        os.kill(victim, signal.SIGKILL)
+        codes = c.wait_agents(600)
+        return c, fault_wall, codes
+    finally:
+        c.kill_all()
+
+
 def user_error_scenario(workdir, steps, no_progress_guard=False):
     # The restart cap (2) ends the job; or, with --no-progress-guard, a generous cap (20) and the
     # guard against restarts that never get past the same checkpoint (1 allowed).
@@ -255,7 +287,8 @@ def user_error_scenario(workdir, steps, no_progress_guard=False):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death", "preempt"])
+    p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death", "preempt", "grow",
+                                        "sharded"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--no-progress-guard", action="store_true",
@@ -274,8 +307,12 @@ def main():
     elif a.scenario == "clean":
         c, codes = clean_scenario(a.workdir, a.steps)
         summary["agent_exit_codes"] = codes
+    elif a.scenario == "grow":
+        c, fault_wall, codes = grow_scenario(a.workdir, a.steps)
+        summary.update(agent_exit_codes=codes, fault_time=fault_wall)
     else:
-        c, fault_wall, codes = fault_scenario(a.workdir, a.steps, spare=a.scenario == "spare")
+        c, fault_wall, codes = fault_scenario(a.workdir, a.steps, spare=a.scenario == "spare",
+                                              sharded=a.scenario == "sharded")
         summary["agent_exit_codes"] = codes
         summary["fault_time"] = fault_wall
     summary["quarantine"] = sorted(x.name[:-5] for x in (c.dir / "run" / "quarantine").glob("*.json"))

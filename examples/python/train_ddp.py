@@ -72,6 +72,8 @@ def main():
     p.add_argument("--raise-at-step", type=int, default=-1,
                    help="fault injection: raise an exception (a user-code error) in step N of every attempt")
     p.add_argument("--fault-rank", type=int, default=-1, help="the rank that injects the faults above (-1: every rank)")
+    p.add_argument("--sharded-checkpoints", action="store_true",
+                   help="checkpoints as a sharded job (FSDP, TP) writes them: restored only by the same world size")
     p.add_argument("--stall-section", default=None,
                    help="with --stall-at-step: stall inside this section, before the step's collective")
     args = p.parse_args()
@@ -94,7 +96,7 @@ def main():
         return train_plain(args, ddp, optimizer, scheduler, rank)
     # DDP keeps the same model and optimizer state on every rank: a checkpoint then restores on
     # any number of ranks (the job may shrink when a host is lost and no spare is left).
-    settings = {"checkpoint_replicated": True}
+    settings = {"checkpoint_replicated": not args.sharded_checkpoints}
     if args.checkpoint_every is not None:
         settings["checkpoint_every_steps"] = args.checkpoint_every
     slow = set(range(world)) if args.slow_ranks == "all" else \

@@ -36,7 +36,7 @@ missing = [n for n in need if n not in names] + [p for p in prefixes if not any(
 entry = [n for n in names if n.endswith("entry_points.txt")]
 assert not missing, f"the wheel lacks {missing}"
 text = zipfile.ZipFile(sys.argv[1]).read(entry[0]).decode()
-assert "trainsup-run = trainsup.run:main" in text and "trainsup = trainsup.__main__:main" in text, text
+assert "trainsup-run = trainsup.launch.run:main" in text and "trainsup = trainsup.tools.cli:main" in text, text
 print("wheel contents ok:", len(names), "files")
 PY
 

@@ -1,8 +1,8 @@
-"""What the launcher's agent reports of the verdicts it does not act on (trainsup/verdict_watch.py)."""
+"""What the launcher's agent reports of the verdicts it does not act on (trainsup/launch/verdict_watch.py)."""
 import json
 
-from trainsup.agent_events import AgentEvents
-from trainsup.verdict_watch import VerdictWatch
+from trainsup.launch.agent_events import AgentEvents
+from trainsup.launch.verdict_watch import VerdictWatch
 
 
 def test_a_straggler_verdict_is_reported_by_the_agent_and_nothing_else_is(tmp_path, capsys):

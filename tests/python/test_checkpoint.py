@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import trainsup
-from trainsup.ports import free_port
+from ranks import Ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_DDP = os.path.join(REPO, "examples", "python", "train_ddp.py")
@@ -80,30 +80,14 @@ def test_no_checkpoint_restores_step_zero_and_mismatch_raises(tmp_path):
 
 
 def _run_ddp(tmp_path, tag, world, extra, expect_kill=False, snapshot="blocking"):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TRAINSUP_LOG_DIR=str(tmp_path / tag / "logs"), TRAINSUP_CHECKPOINT_DIR=str(tmp_path / tag / "ckpt"),
-                   TRAINSUP_NODE_NAME=f"host{rank}", TRAINSUP_JOB_ID=tag, TRAINSUP_LOG_STDERR="0",
-                   TRAINSUP_CHECKPOINT_SNAPSHOT=snapshot, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-        procs.append(subprocess.Popen([sys.executable, TRAIN_DDP] + extra, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outs.append((p.returncode, out))
+    env = dict(TRAINSUP_LOG_DIR=str(tmp_path / tag / "logs"), TRAINSUP_CHECKPOINT_DIR=str(tmp_path / tag / "ckpt"),
+               TRAINSUP_JOB_ID=tag, TRAINSUP_LOG_STDERR="0", TRAINSUP_CHECKPOINT_SNAPSHOT=snapshot)
+    with Ranks(world, [sys.executable, TRAIN_DDP] + extra, env=env,
+               rank_env=lambda r: {"TRAINSUP_NODE_NAME": f"host{r}"}) as job:
+        outs = job.communicate(timeout=300)
     if expect_kill:
         # The crashing rank dies by SIGKILL; its peer then fails in a collective or is left alone.
         assert any(rc == -9 for rc, _ in outs), outs
-        for q in procs:
-            q.kill()
     else:
         for rc, out in outs:
             assert rc == 0, out
@@ -181,7 +165,7 @@ def test_train_ddp_under_torchrun_with_four_ranks(tmp_path):
 def test_a_broken_newest_checkpoint_is_no_checkpoint_anywhere(tmp_path):
     """One definition of valid: load_checkpoint and the launcher's restart guard skip a newest
     checkpoint whose shard was truncated, as restore does, and say why."""
-    from trainsup.restarts import newest_valid_step
+    from trainsup.launch.restarts import newest_valid_step
     root = tmp_path / "ckpt"
     with trainsup.Supervisor(log_dir=str(tmp_path), checkpoint_dir=str(root), handle_signals=False,
                              checkpoint_keep=3, checkpoint_busy_policy="wait") as sup:

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from trainsup.classify import CLASSES, classify
+from trainsup.launch.classify import CLASSES, classify
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "log-lines.txt")
 

@@ -6,7 +6,7 @@ import re
 
 import trainsup
 from trainsup import _trainsup
-from trainsup.run import OUR_FLAGS
+from trainsup.launch.run import OUR_FLAGS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOC = open(os.path.join(REPO, "docs", "configuration.md")).read()

@@ -34,7 +34,8 @@ def test_open_supervisor_is_closed_at_exit(tmp_path):
 def test_every_exit_code_has_one_home_in_cpp():
     """The launcher's codes come from trainsup/exit_codes.h like the ranks' (none defined twice)."""
     import trainsup
-    from trainsup import quarantine, restarts
+    from trainsup import quarantine
+    from trainsup.launch import restarts
     codes = {"stop_requested": trainsup.EXIT_STOP_REQUESTED, "stall": trainsup.EXIT_STALL,
              "watchdog_unresponsive": trainsup.EXIT_WATCHDOG_UNRESPONSIVE, "bad_config": trainsup.EXIT_BAD_CONFIG,
              "aborted_by_verdict": trainsup.EXIT_ABORTED, "quarantined": trainsup.EXIT_QUARANTINED,

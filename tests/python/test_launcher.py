@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from trainsup.verdict_watch import QUARANTINE_KINDS
+from trainsup.launch.verdict_watch import QUARANTINE_KINDS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCENARIO = os.path.join(REPO, "examples", "launch", "recovery_scenario.py")
@@ -303,3 +303,31 @@ def test_a_bad_detection_setting_stops_the_launcher_naming_it(tmp_path, flag, en
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     assert f"{flag} / {env}" in p.stderr and says in p.stderr, p.stderr[-2000:]
     assert "must not start" not in p.stdout + p.stderr
+
+
+def test_a_job_that_grows_keeps_its_restarts_for_real_failures(tmp_path):
+    """--nnodes=1:3 with one restart allowed: host-b and host-c join a running job (two rounds
+    ended for nodes that joined), then host-c's worker is killed. Every new round was counted
+    as a restart, so a job that had grown gave up (96) on its next real failure (issue 19,
+    defect 4); torchrun does not count them either."""
+    s = _run("grow", tmp_path / "grow")
+    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 0, "host-c": 95}, _explain(s)
+    a = _events(tmp_path / "grow" / "run" / "agent-host-a.events.jsonl")
+    assert sum(e["event"] == "membership_change" for e in a) >= 2, _explain(s)
+    assert [e["restarts"] for e in a if e["event"] == "restart"] == [1], _explain(s)
+    assert s["quarantine"] == ["host-c"], _explain(s)
+
+
+def test_checkpoints_the_shrunk_job_cannot_restore_end_it_at_once_saying_why(tmp_path):
+    """The job shrinks to host-a alone, and its checkpoints hold sharded state written by two
+    ranks: the restore fails. Classified as the program's error, it failed the same way attempt
+    after attempt until the restart cap (issue 19, defect 10). Now host-a sees that a round of
+    one rank cannot restore them and gives up with the reason after the first such failure."""
+    s = _run("sharded", tmp_path / "sharded")
+    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 95}, _explain(s)
+    a = _events(tmp_path / "sharded" / "run" / "agent-host-a.events.jsonl")
+    failed = [e for e in a if e["event"] == "worker_failure"]
+    assert [e["error_class"] for e in failed] == ["checkpoint_incompatible"], _explain(s)
+    give_up = [e for e in a if e["event"] == "give_up"]
+    assert len(give_up) == 1 and give_up[0]["cause"] == "checkpoint_incompatible", _explain(s)
+    assert "written by world size 2" in give_up[0]["reason"] and "with world size 1" in give_up[0]["reason"]

@@ -72,7 +72,7 @@ def mapped():
         return {line.split()[-1].rsplit("/", 1)[-1].split(".so")[0] for line in f if ".so" in line}
 with trainsup.Supervisor(rank=0, world_size=1, log_dir=sys.argv[1]):
     rank = mapped()
-import trainsup.telemetry, trainsup.run
+import trainsup.launch.node_services, trainsup.run
 agent = mapped()
 print(sorted(n for n in rank if n.startswith(("libtrainsup", "_trainsup"))))
 print(sorted(n for n in agent if n.startswith(("libtrainsup", "_trainsup"))))

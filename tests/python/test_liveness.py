@@ -1,9 +1,9 @@
-"""HostLiveness (trainsup/liveness.py): the launcher's check that names a host whose agent died.
+"""HostLiveness (trainsup/launch/liveness.py): the launcher's check that names a host whose agent died.
 Driven by hand here (no threads) on an in-process store and a clock the test sets, so each test
 says exactly which keep-alives went through when."""
 import torch.distributed as dist
 
-from trainsup.liveness import HostLiveness
+from trainsup.launch.liveness import HostLiveness
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""The health preflight's GPU checks (trainsup/preflight.py) against a stand-in for the driver's
+"""The health preflight's GPU checks (trainsup/launch/preflight.py) against a stand-in for the driver's
 NVML (tests/python/fake_nvml), and a host whose GPU has uncorrectable ECC errors quarantining
 itself with that GPU named before it joins the job."""
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainsup import preflight
+from trainsup.launch import preflight
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from trainsup.__main__ import main as cli_main
+from trainsup.tools.cli import main as cli_main
 from trainsup.quarantine import Quarantine, run_commands
 
 

@@ -1,4 +1,4 @@
-"""The launcher's restart guard (trainsup/restarts.py): every agent of a failed round reaches the
+"""The launcher's restart guard (trainsup/launch/restarts.py): every agent of a failed round reaches the
 same decision. The scenario suite once hung for 600 s: host-a counted the round's restart and
 gave up (96) while host-b, reading the no-progress counter before host-a had moved it, went back
 to a rendezvous that could never form."""
@@ -7,7 +7,7 @@ import threading
 
 import torch.distributed as dist
 
-from trainsup.restarts import RestartGuard
+from trainsup.launch.restarts import RestartGuard
 
 
 class Events:
@@ -121,7 +121,7 @@ def test_a_first_agent_slower_than_the_wait_takes_the_decision_published_meanwhi
 def test_a_store_written_in_python_can_be_peeked_directly():
     """telemetry.peek on a dist.Store subclass itself, not behind a PrefixStore (pybind11 took
     trainsup's compare_set(store, ...) for the override recursing into itself)."""
-    from trainsup.telemetry import compare_set, peek
+    from trainsup.launch.store import compare_set, peek
     store = GatedStore()
     assert peek(store, "k") is None
     assert compare_set(store, "k", "", "v") == b"v" and peek(store, "k") == "v"

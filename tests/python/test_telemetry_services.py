@@ -1,4 +1,4 @@
-"""The per-host telemetry services of the launcher (trainsup.telemetry.NodeServices) over a real
+"""The per-host telemetry services of the launcher (trainsup.launch.node_services.NodeServices) over a real
 TCPStore: one coordinator is elected, ranks on both hosts are heard through their node
 monitors, and when the coordinator's host dies the other agent takes over and names the rank of
 the dead host, with its host, from the rank table the first coordinator published."""
@@ -13,7 +13,8 @@ import time
 import torch.distributed as dist
 
 import trainsup
-from trainsup.telemetry import NodeServices, peek
+from trainsup.launch.node_services import NodeServices
+from trainsup.launch.store import peek
 
 RANK_LOOP = """
 import time, trainsup

@@ -1,4 +1,4 @@
-// _trainsup_agent: the agent layer for the launcher (trainsup/telemetry.py, trainsup/run.py):
+// _trainsup_agent: the agent layer for the launcher (trainsup/launch/node_services.py, trainsup/launch/run.py):
 // the job coordinator, the node monitor, the detector's defaults and the agent's event log. A separate extension
 // module so that a training process, which imports only _trainsup, never maps libtrainsup_agent
 // and its Boost.Asio servers (tests/python/test_layers.py checks it). Like _trainsup it includes
@@ -27,7 +27,7 @@ using trainsup::python::raiseStatus;
 
 namespace {
 
-// The job coordinator for the launcher (trainsup/telemetry.py): verdicts are buffered here and
+// The job coordinator for the launcher (trainsup/launch/node_services.py): verdicts are buffered here and
 // taken by Python, so the coordinator's I/O thread never needs the GIL.
 class PyCoordinator {
  public:
@@ -200,7 +200,7 @@ void bindAgent(py::module_& m) {
       .def("counters", &PyNodeMonitor::counters)
       .def("stop", &PyNodeMonitor::stop, py::call_guard<py::gil_scoped_release>());
 
-  // The agent's event log (trainsup/agent_events.py): lines in the ranks' format, by the same
+  // The agent's event log (trainsup/launch/agent_events.py): lines in the ranks' format, by the same
   // writer (trainsup/event_log.h). Fields cross as (name, JSON text) pairs, in order; a write
   // releases the GIL (a hung file system must not hold the agent's other threads).
   py::class_<EventLog>(m, "AgentEventLog")
@@ -233,6 +233,6 @@ void bindAgent(py::module_& m) {
 }  // namespace
 
 PYBIND11_MODULE(_trainsup_agent, m) {
-  m.doc() = "trainsup's agent layer: job coordinator and node monitor (use trainsup.telemetry)";
+  m.doc() = "trainsup's agent layer: job coordinator and node monitor (use trainsup.launch.node_services)";
   bindAgent(m);
 }

@@ -1,8 +1,14 @@
 """trainsup: keeps large PyTorch training jobs alive.
 
-The C++ supervisor for a PyTorch script: a watchdog on its own native threads (it catches a
-rank stuck in Python, in C, or holding the GIL, and dumps native and Python stacks),
-host-attributed logs, the event log, and asynchronous verified checkpoints.
+The package mirrors trainsup's layers (docs/architecture.md):
+
+  trainsup           the rank side, imported by a training process: the C++ supervisor (a
+                     watchdog on its own native threads that catches a rank stuck in Python, in
+                     C, or holding the GIL, and dumps native and Python stacks), host-attributed
+                     logs, the event log, asynchronous verified checkpoints, and
+                     torch.distributed with every collective tracked
+  trainsup.launch    the launcher agent, `trainsup-run` (torchrun with trainsup's hooks)
+  trainsup.tools     operator commands: `trainsup report`, `trainsup quarantine`
 
     import trainsup
     state = {"model": model, "optimizer": optimizer, "next_step": 0}
@@ -13,11 +19,18 @@ host-attributed logs, the event log, and asynchronous verified checkpoints.
                 train_one_step()
             state["next_step"] = step + 1
             sup.maybe_checkpoint(step, state)  # every TRAINSUP_CHECKPOINT_INTERVAL_S
+
+`import trainsup` loads no torch (an operator's tools run where torch is not installed); the
+names that need torch (init_process_group, load_checkpoint, ...) load it on first use. A torch
+release other than the one trainsup was built against is refused at import all the same, read
+from torch's files without importing it.
 """
 import atexit
 import functools
+import importlib
 import warnings
 import weakref
+from typing import Any, Callable, Dict, Optional
 
 from ._build_info import check_torch as _check_torch
 
@@ -27,11 +40,36 @@ from . import _compat, _trainsup  # noqa: E402
 from .events import json_fields as _json_fields  # noqa: E402
 from .errors import (CorruptionError, Error, InternalError, InvalidArgumentError, IoError,  # noqa: E402
                      NotFoundError, TimedOutError, UnavailableError)
-from .checkpoint import Checkpoint, PyStoreChannel, load_checkpoint  # noqa: E402
-from .distributed import (collective_stats, init_process_group, inner_backend,  # noqa: E402
-                          recent_collectives, track_process_group)
 from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_DO_NOT_REQUEUE, EXIT_QUARANTINED,  # noqa: E402
                         EXIT_STALL, EXIT_STOP_REQUESTED, EXIT_WATCHDOG_UNRESPONSIVE, exit_code_name)
+
+# Names whose modules import torch: loaded on first use (PEP 562).
+_LAZY = {
+    "Checkpoint": "checkpoint", "PyStoreChannel": "checkpoint", "load_checkpoint": "checkpoint",
+    "collective_stats": "distributed", "init_process_group": "distributed", "inner_backend": "distributed",
+    "recent_collectives": "distributed", "track_process_group": "distributed",
+}
+_SUBMODULES = {"checkpoint", "distributed", "launch", "tools"}
+
+__all__ = [
+    "Supervisor", "init_process_group", "track_process_group", "inner_backend", "collective_stats",
+    "recent_collectives", "Checkpoint", "PyStoreChannel", "load_checkpoint",
+    "Error", "CorruptionError", "InternalError", "InvalidArgumentError", "IoError", "NotFoundError",
+    "TimedOutError", "UnavailableError",
+    "EXIT_ABORTED", "EXIT_BAD_CONFIG", "EXIT_DO_NOT_REQUEUE", "EXIT_QUARANTINED", "EXIT_STALL",
+    "EXIT_STOP_REQUESTED", "EXIT_WATCHDOG_UNRESPONSIVE", "exit_code_name", "cmake_prefix_path", "__version__",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'trainsup' has no attribute {name!r}")
+
 
 __version__ = _trainsup.__version__
 
@@ -50,7 +88,7 @@ _SETTINGS = {v[len("TRAINSUP_"):].lower() if v.startswith("TRAINSUP_") else v.lo
 _SETTINGS["heartbeat_timeout_s"] = "TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S"  # the keyword of earlier releases
 
 
-def _as_text(name, value):
+def _as_text(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if name == "section_budgets" and isinstance(value, dict):
@@ -61,12 +99,12 @@ def _as_text(name, value):
 class Supervisor:
     """Supervises this rank. Keyword settings override TRAINSUP_* and torchrun variables."""
 
-    def __init__(self, include_rng=True, **settings):
+    def __init__(self, include_rng: bool = True, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(_SETTINGS))
         if unknown:
             raise TypeError(f"trainsup.Supervisor: unknown setting(s) {unknown}; "
                             f"known: {sorted(_SETTINGS)}")
-        by_variable = {}
+        by_variable: Dict[str, list] = {}
         for k in settings:
             by_variable.setdefault(_SETTINGS[k], []).append(k)
         both = [sorted(ks) for ks in by_variable.values() if len(ks) > 1]
@@ -78,12 +116,12 @@ class Supervisor:
         _live.add(self)
         self._include_rng = include_rng
         self._checkpoints = False
-        self._snapshot_alive = None
+        self._snapshot_alive: Optional[list] = None
         if _nccl_initialized():
             self._sup.add_abort_callback("torch.distributed", _abort_torch_distributed)
 
     # --- checkpoints: collective calls, every rank at the same steps ---
-    def _ensure_checkpoints(self):
+    def _ensure_checkpoints(self) -> None:
         if self._checkpoints:
             return
         channel = None
@@ -92,15 +130,16 @@ class Supervisor:
             if not dist.is_initialized():
                 raise RuntimeError("trainsup: checkpoints of several ranks need torch.distributed "
                                    "initialized first (its store carries the commit)")
+            from .checkpoint import PyStoreChannel
             channel = PyStoreChannel(_compat.default_store())
         self._sup.enable_checkpoints(channel)
         self._checkpoints = True
 
-    def _save(self, step, state, now):
+    def _save(self, step: int, state: Dict[str, Any], now: bool) -> str:
         self._ensure_checkpoints()
-        keep = []
+        keep: list = []
 
-        def collect():
+        def collect() -> Any:
             from .checkpoint import collect as _collect
             buffers, metadata, alive = _collect(state, self._include_rng)
             keep.append(alive)
@@ -115,7 +154,7 @@ class Supervisor:
                           RuntimeWarning, stacklevel=3)
         return outcome
 
-    def await_snapshot(self):
+    def await_snapshot(self) -> None:
         """With checkpoint_snapshot="overlapped": waits until the last checkpoint's copy of the
         state is done; call it before the state next changes (guard_optimizer does it for the
         optimizer step). Returns at once when nothing is outstanding."""
@@ -127,29 +166,29 @@ class Supervisor:
             warnings.warn(f"trainsup: checkpoint snapshot failed (training continues): {error}",
                           RuntimeWarning, stacklevel=2)
 
-    def guard_optimizer(self, optimizer):
+    def guard_optimizer(self, optimizer: Any) -> Any:
         """Makes optimizer.step() call await_snapshot() first, so that an overlapped snapshot
         never sees a half-updated state. Returns the optimizer."""
         inner = optimizer.step
 
         @functools.wraps(inner)
-        def step(*args, **kwargs):
+        def step(*args: Any, **kwargs: Any) -> Any:
             self.await_snapshot()
             return inner(*args, **kwargs)
 
         optimizer.step = step
         return optimizer
 
-    def maybe_checkpoint(self, step, state):
+    def maybe_checkpoint(self, step: int, state: Dict[str, Any]) -> str:
         """Checkpoints `state` if one is due (interval or every-N-steps); returns 'started',
         'not_due' or 'skipped_busy'. The stall is the copy; the write happens in the background."""
         return self._save(step, state, False)
 
-    def checkpoint(self, step, state):
+    def checkpoint(self, step: int, state: Dict[str, Any]) -> str:
         """Checkpoints `state` now (subject to the busy policy)."""
         return self._save(step, state, True)
 
-    def restore(self, state):
+    def restore(self, state: Dict[str, Any]) -> int:
         """Loads the newest checkpoint that verifies on every rank into `state` (in place: modules,
         optimizers and schedulers through load_state_dict, other values replaced) and returns its
         step, or 0 when there is none. The step was completed before it was saved: resume at the
@@ -161,49 +200,49 @@ class Supervisor:
         step = self._sup.restore(lambda shard, manifest: load_into(state, shard))
         return 0 if step is None else step
 
-    def add_abort_callback(self, name, callback):
+    def add_abort_callback(self, name: str, callback: Callable[[str, int], None]) -> None:
         """Runs callback(section, step) when this rank aborts (a stall with stall_action=exit,
         or the coordinator's abort order), before the process exits; on a trainsup thread,
         with the GIL. Keep it short: the exit is bounded by abort_grace_s."""
         self._sup.add_abort_callback(str(name), callback)
 
-    def step(self, step):
+    def step(self, step: int) -> Any:
         """Context manager timing one training step."""
         return self._sup.step(int(step))
 
-    def section(self, name):
+    def section(self, name: str) -> Any:
         """Context manager timing a named section (setup, eval, checkpoint, ...)."""
         return self._sup.section(str(name))
 
     @property
-    def stop_requested(self):
+    def stop_requested(self) -> bool:
         return self._sup.stop_requested
 
-    def log(self, message, level="info"):
+    def log(self, message: Any, level: str = "info") -> None:
         self._sup.log(level, str(message))
 
-    def event(self, name, **fields):
+    def event(self, name: str, **fields: Any) -> None:
         """One line in the event log: strings stay strings; numbers, bools, None, lists and dicts
         keep their JSON types; anything else is written as its str() (trainsup/events.py)."""
         self._sup.event(name, _json_fields(fields))
 
     @property
-    def host(self):
+    def host(self) -> str:
         return self._sup.host
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._sup.rank
 
     @property
-    def log_file(self):
+    def log_file(self) -> str:
         return self._sup.log_file
 
     @property
-    def event_log(self):
+    def event_log(self) -> str:
         return self._sup.event_log
 
-    def close(self, failed=False):
+    def close(self, failed: bool = False) -> None:
         """Stops the watchdog, waits for a pending checkpoint persist, says goodbye to the
         coordinator, flushes the logs. Idempotent. `failed=True` (what `with` passes when the
         block raised): if the job's coordinator is ordering an abort (the error was a
@@ -212,27 +251,26 @@ class Supervisor:
         self._sup.close(bool(failed))
         _live.discard(self)
 
-    def __enter__(self):
+    def __enter__(self) -> "Supervisor":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.close(failed=exc_type is not None and not issubclass(exc_type, SystemExit))
-        return False
 
 
 # Supervisors still open at exit are closed while the interpreter is intact, so that no thread
 # is joined (and no pending persist waited for) during interpreter shutdown.
-_live = weakref.WeakSet()
+_live: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
 
 
-def _nccl_initialized():
+def _nccl_initialized() -> bool:
     import sys
     dist = sys.modules.get("torch.distributed")
     return (dist is not None and dist.is_available() and dist.is_initialized()
             and "nccl" in str(dist.get_backend()).lower())
 
 
-def _abort_torch_distributed(section, step):
+def _abort_torch_distributed(section: str, step: int) -> None:
     """On abort: NCCL process groups are aborted so that no rank waits out NCCL's timeout and
     no kernel is left pending at exit (torch 2.x; gloo and torch 1.x need nothing here)."""
     import sys
@@ -245,7 +283,7 @@ def _abort_torch_distributed(section, step):
 
 
 @atexit.register
-def _close_all():
+def _close_all() -> None:
     for sup in list(_live):
         sup.close()
     # No collective-completion polling while the interpreter and torch are torn down.

@@ -18,10 +18,13 @@ gathered.
 import os
 import pickle
 import random
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from . import _compat, _trainsup
+
+__all__ = ["Checkpoint", "PyStoreChannel", "load_checkpoint", "collect", "load_into", "read_skeleton"]
 
 _TO_NAME = {
     torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
@@ -38,10 +41,10 @@ class _Tensor:
     """Where a tensor stood in the pickled skeleton."""
     __slots__ = ("name",)
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self.name = name
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (_Tensor, (self.name,))
 
 
@@ -49,15 +52,15 @@ class _DTensor:
     """Where a DTensor stood: its local shard is the buffer `name`; the rest rebuilds it."""
     __slots__ = ("name", "placements", "shape", "stride", "mesh", "device_type")
 
-    def __init__(self, name, placements, shape, stride, mesh, device_type):
+    def __init__(self, name: str, placements: Any, shape: Any, stride: Any, mesh: Any, device_type: str) -> None:
         self.name, self.placements, self.shape, self.stride = name, placements, shape, stride
         self.mesh, self.device_type = mesh, device_type
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (_DTensor, (self.name, self.placements, self.shape, self.stride, self.mesh, self.device_type))
 
 
-def _dtensor_class():
+def _dtensor_class() -> Any:
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:
@@ -65,13 +68,13 @@ def _dtensor_class():
     return DTensor
 
 
-def _unwrap(obj):
+def _unwrap(obj: Any) -> Any:
     """The module a torch.compile'd one wraps: its state dict has no `_orig_mod.` prefixes."""
     inner = _compat.compiled_module_inner(obj)
     return inner if inner is not None else obj
 
 
-def _flatten(prefix, obj, tensors):
+def _flatten(prefix: str, obj: Any, tensors: List[Tuple[str, torch.Tensor]]) -> Any:
     DTensor = _dtensor_class()
     if DTensor is not None and isinstance(obj, DTensor):
         name = prefix
@@ -97,8 +100,8 @@ def _flatten(prefix, obj, tensors):
     return obj
 
 
-def _rng_state():
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+def _rng_state() -> Dict[str, Any]:
+    state: Dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
     try:
         import numpy
         state["numpy"] = numpy.random.get_state()
@@ -109,7 +112,7 @@ def _rng_state():
     return state
 
 
-def _set_rng_state(state):
+def _set_rng_state(state: Dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     if "numpy" in state:
@@ -119,10 +122,11 @@ def _set_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def collect(state, include_rng=True):
-    """(buffers, metadata) for _trainsup.Supervisor.save; the tuples keep the memory alive."""
-    tensors = []
-    skeleton = {}
+def collect(state: Dict[str, Any], include_rng: bool = True) -> Tuple[list, Dict[str, str], List[Any]]:
+    """(buffers, metadata, keep) for _trainsup.Supervisor.save: `keep` holds the memory the buffers
+    point into (contiguous copies, the RNG state, the pickled skeleton) until the copy is done."""
+    tensors: List[Tuple[str, torch.Tensor]] = []
+    skeleton: Dict[str, Any] = {}
     for key, obj in state.items():
         if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
             skeleton[key] = ("state_dict", _flatten(key, _unwrap(obj).state_dict(), tensors))
@@ -153,31 +157,31 @@ def collect(state, include_rng=True):
     return buffers, {"trainsup.python": "1"}, keep
 
 
-def _read(shard, entry):
+def _read(shard: Any, entry: Dict[str, Any]) -> torch.Tensor:
     t = torch.empty(entry["shape"], dtype=_FROM_NAME[entry["dtype"]])
     shard.read_into(entry["name"], t.data_ptr(), t.numel() * t.element_size())
     return t
 
 
-def _meshes_of(obj):
+def _meshes_of(obj: Any) -> List[Any]:
     """The device meshes of the DTensors `obj` holds (a module's parameters and buffers, an
     optimizer's parameters), where a loaded DTensor is put back."""
     DTensor = _dtensor_class()
     if DTensor is None:
         return []
-    tensors = []
+    tensors: List[Any] = []
     if isinstance(obj, torch.nn.Module):
         tensors = list(obj.parameters()) + list(obj.buffers())
     elif isinstance(obj, torch.optim.Optimizer):
         tensors = [p for g in obj.param_groups for p in g["params"]]
-    meshes = []
+    meshes: List[Any] = []
     for t in tensors:
         if isinstance(t, DTensor) and all(t.device_mesh is not m for m in meshes):
             meshes.append(t.device_mesh)
     return meshes
 
 
-def _to_dtensor(node, local, meshes):
+def _to_dtensor(node: _DTensor, local: torch.Tensor, meshes: Sequence[Any]) -> Any:
     from torch.distributed.tensor import DTensor
     for mesh in meshes:
         if mesh.device_type == node.device_type and mesh.mesh.tolist() == node.mesh:
@@ -190,7 +194,7 @@ def _to_dtensor(node, local, meshes):
                      f"{[(m.device_type, m.mesh.tolist()) for m in meshes] or 'none'})")
 
 
-def _materialize(node, shard, entries, meshes=()):
+def _materialize(node: Any, shard: Any, entries: Dict[str, Dict[str, Any]], meshes: Optional[Sequence[Any]] = ()) -> Any:
     if isinstance(node, _Tensor):
         return _read(shard, entries[node.name])
     if isinstance(node, _DTensor):
@@ -205,13 +209,13 @@ def _materialize(node, shard, entries, meshes=()):
     return node
 
 
-def read_skeleton(shard, entries):
+def read_skeleton(shard: Any, entries: Dict[str, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     if SKELETON not in entries:
         return None
     return pickle.loads(_read(shard, entries[SKELETON]).numpy().tobytes())
 
 
-def load_into(state, shard):
+def load_into(state: Dict[str, Any], shard: Any) -> None:
     """Loads a shard into `state` in place. KeyError/ValueError/TypeError mean the state does not
     match the checkpoint (the restore stops); anything else means the checkpoint is bad."""
     entries = {e["name"]: e for e in shard.entries()}
@@ -247,21 +251,21 @@ class PyStoreChannel:
     Stores without check() in Python (torch 1.13) get a presence counter beside each key,
     which add(key, 0) reads without blocking."""
 
-    def __init__(self, store):
+    def __init__(self, store: Any) -> None:
         self._store = store
         self._has_check = hasattr(store, "check")
 
-    def set(self, key, value):
+    def set(self, key: str, value: str) -> None:
         self._store.set(key, value)
         if not self._has_check:
             self._store.add(key + "#present", 1)
 
-    def _present(self, key):
+    def _present(self, key: str) -> bool:
         if self._has_check:
             return self._store.check([key])
         return self._store.add(key + "#present", 0) > 0
 
-    def get(self, key, timeout_s):
+    def get(self, key: str, timeout_s: float) -> str:
         import time
         deadline = time.monotonic() + timeout_s
         pause = 0.0005
@@ -273,10 +277,10 @@ class PyStoreChannel:
             pause = min(pause * 2, 0.05)
         return self._store.get(key).decode()
 
-    def add(self, key, delta):
+    def add(self, key: str, delta: int) -> int:
         return self._store.add(key, delta)
 
-    def remove(self, key):
+    def remove(self, key: str) -> None:
         for k in (key, key + "#present"):
             try:
                 self._store.delete_key(k)
@@ -289,7 +293,7 @@ class Checkpoint:
     rank ``tensors(rank)`` (every buffer as a tensor; ``bytes`` ones as uint8) and ``state(rank)``
     (the Python state as saved by trainsup.Supervisor, tensors in place)."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = path
         manifest = _trainsup.read_manifest(path)
         self.step = manifest["step"]
@@ -297,14 +301,14 @@ class Checkpoint:
         self.metadata = dict(manifest["metadata"])
         self.shards = manifest["shards"]
 
-    def _shard(self, rank):
+    def _shard(self, rank: int) -> Any:
         return _trainsup.open_shard(os.path.join(self.path, self.shards[rank]["file"]))
 
-    def tensors(self, rank=0):
+    def tensors(self, rank: int = 0) -> Dict[str, torch.Tensor]:
         shard = self._shard(rank)
         return {e["name"]: _read(shard, e) for e in shard.entries() if e["name"] != SKELETON}
 
-    def state(self, rank=0):
+    def state(self, rank: int = 0) -> Optional[Dict[str, Any]]:
         shard = self._shard(rank)
         entries = {e["name"]: e for e in shard.entries()}
         skeleton = read_skeleton(shard, entries)
@@ -314,7 +318,7 @@ class Checkpoint:
         return {k: _materialize(node, shard, entries, None) for k, (kind, node) in skeleton.items()}
 
 
-def load_checkpoint(path):
+def load_checkpoint(path: str) -> Checkpoint:
     """Opens a checkpoint: a step directory, or a checkpoint root (then the newest valid one).
     Valid means what restore accepts short of reading the data (checkpoint_format.h: manifest,
     every shard present with the manifest's size, index checksum, rank, world size and step);

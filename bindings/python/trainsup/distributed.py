@@ -18,12 +18,17 @@ sequence; point-to-point ops are tracked but not matched either), DDP, FSDP and
 trainsup. One visible difference: ``group._get_backend(device)`` returns the wrapper;
 ``inner_backend()`` gives the real one.
 """
+from typing import Any, Dict, List, Optional
+
 import torch.distributed as dist
 
 from . import _compat, _trainsup
 
+__all__ = ["init_process_group", "track_process_group", "inner_backend", "tracking_available",
+           "collective_stats", "recent_collectives"]
 
-def tracking_available():
+
+def tracking_available() -> bool:
     try:
         from . import _trainsup_torch  # noqa: F401
         return True
@@ -31,7 +36,7 @@ def tracking_available():
         return False
 
 
-def track_process_group(group=None):
+def track_process_group(group: Optional[Any] = None) -> int:
     """Puts the tracking wrapper in front of `group`'s backends (default: the default group).
     Returns how many device types it wrapped now; 0 when the group was tracked already.
 
@@ -46,7 +51,7 @@ def track_process_group(group=None):
     return _trainsup_torch.track_process_group(group, job_group=group is default)
 
 
-def inner_backend(group=None, device="cpu"):
+def inner_backend(group: Optional[Any] = None, device: str = "cpu") -> Any:
     """The real backend (ProcessGroupGloo, ProcessGroupNCCL, ...) of `group` for `device`,
     behind trainsup's wrapper if there is one."""
     group = group if group is not None else _compat.default_group()
@@ -54,7 +59,7 @@ def inner_backend(group=None, device="cpu"):
     return getattr(backend, "inner", backend)
 
 
-def init_process_group(backend=None, **kwargs):
+def init_process_group(backend: Optional[str] = None, **kwargs: Any) -> Any:
     """Initializes torch.distributed like dist.init_process_group (same arguments, same
     result), with every collective of the default group tracked."""
     if not tracking_available():
@@ -71,12 +76,12 @@ def init_process_group(backend=None, **kwargs):
     return result
 
 
-def collective_stats():
+def collective_stats() -> Dict[str, Any]:
     """Counts and bytes by op, and issued/completed/failed totals, for this process."""
     return _trainsup.collective_stats()
 
 
-def recent_collectives(n=100):
+def recent_collectives(n: int = 100) -> List[Dict[str, Any]]:
     """The newest n collective records (seq, job_seq, op, bytes, enter_ns, exit_ns, ok), oldest
     first; job_seq is 0 for ops the coordinator does not match (point-to-point, subgroups)."""
     return _trainsup.recent_collectives(n)

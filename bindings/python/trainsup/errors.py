@@ -14,6 +14,12 @@ releases raised) and also the built-in exception closest to its meaning:
 """
 
 
+from typing import Dict, Type
+
+__all__ = ["Error", "InvalidArgumentError", "NotFoundError", "IoError", "CorruptionError", "TimedOutError",
+           "UnavailableError", "InternalError", "BY_CODE"]
+
+
 class Error(RuntimeError):
     code = "Error"
 
@@ -46,5 +52,5 @@ class InternalError(Error):
     code = "Internal"
 
 
-BY_CODE = {cls.code: cls for cls in (InvalidArgumentError, NotFoundError, IoError, CorruptionError, TimedOutError,
+BY_CODE: Dict[str, Type[Error]] = {cls.code: cls for cls in (InvalidArgumentError, NotFoundError, IoError, CorruptionError, TimedOutError,
                                      UnavailableError, InternalError)}

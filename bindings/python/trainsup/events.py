@@ -4,9 +4,12 @@ pairs for the C++ library's one event log writer (trainsup/event_log.h), which r
 stay strings; numbers, bools, None, lists and dicts keep their JSON types; anything else (and
 NaN or infinity, which JSON has not) is written as its str()."""
 import json
+from typing import Any, Dict, List, Tuple
+
+__all__ = ["json_fields"]
 
 
-def json_fields(fields):
+def json_fields(fields: Dict[str, Any]) -> List[Tuple[str, str]]:
     """[(name, JSON text)] of `fields` (a dict), in order."""
     out = []
     for k, v in fields.items():

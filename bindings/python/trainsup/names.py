@@ -26,6 +26,12 @@ Store keys (the launcher's agents use a PrefixStore "trainsup/" over the rendezv
                                  (by that first agent, or by one that waited for it in vain)
   restarts/<run>/progress        the newest valid checkpoint step at the last restart
   restarts/<run>/stuck           restarts in a row without that step moving
+  restarts/<run>/give_up         JSON {"reason", "host"}: the job gave up (set once); every agent
+                                 that restarts afterwards gives up too, with that reason
+  faults/<run>/round-<r>/cuda/<host>
+                                 the CUDA error a worker of <host> failed with in round r
+  faults/<run>/round-<r>/cuda_hosts
+                                 how many hosts had one (gpu_faults.GpuFaultJudge)
 <job> is "<run id>.<round>"; <run> is torchrun's run id.
 
 Files (under the launcher's run directory):
@@ -35,52 +41,67 @@ Files (under the launcher's run directory):
 """
 import json
 import os
+from typing import Any, Optional
+
+__all__ = ["telemetry_key", "agent_key", "lost_claim_key", "round_key", "agents_count_key", "agent_list_key", "slow_changes_key", "restarts_key", "give_up_key", "cuda_fault_key", "cuda_fault_count_key", "quarantine_key", "agent_events_file", "faults_file", "quarantine_dir"]
 
 
-def telemetry_key(job_id, name):
+def telemetry_key(job_id: str, name: str) -> str:
     return f"trainsup/telemetry/{job_id}/{name}"
 
 
-def agent_key(run_id, host, name):
+def agent_key(run_id: str, host: str, name: str) -> str:
     return f"agents/{run_id}/{host}/{name}"
 
 
-def lost_claim_key(run_id, host, node_desc):
+def lost_claim_key(run_id: str, host: str, node_desc: Any) -> str:
     return agent_key(run_id, host, f"lost-claim/{json.dumps(node_desc)}")
 
 
-def round_key(run_id, rnd, group_rank):
+def round_key(run_id: str, rnd: int, group_rank: int) -> str:
     return f"agents/{run_id}/round-{rnd}/{group_rank}"
 
 
-def agents_count_key(run_id):
+def agents_count_key(run_id: str) -> str:
     return f"agents/{run_id}/count"
 
 
-def agent_list_key(run_id, index):
+def agent_list_key(run_id: str, index: int) -> str:
     return f"agents/{run_id}/agent-{index}"
 
 
-def slow_changes_key(run_id):
+def slow_changes_key(run_id: str) -> str:
     return f"agents/{run_id}/slow_changes"
 
 
-def restarts_key(run_id, name=None):
+def restarts_key(run_id: str, name: Optional[str] = None) -> str:
     """restarts/<run>, or restarts/<run>/<name> (count-<r>, decision-<r>, progress, stuck)."""
     return f"restarts/{run_id}" if name is None else f"restarts/{run_id}/{name}"
 
 
-def quarantine_key(host):
+def give_up_key(run_id: str) -> str:
+    return restarts_key(run_id, "give_up")
+
+
+def cuda_fault_key(run_id: str, rnd: int, host: str) -> str:
+    return f"faults/{run_id}/round-{rnd}/cuda/{host}"
+
+
+def cuda_fault_count_key(run_id: str, rnd: int) -> str:
+    return f"faults/{run_id}/round-{rnd}/cuda_hosts"
+
+
+def quarantine_key(host: str) -> str:
     return f"trainsup/quarantine/{host}"
 
 
-def agent_events_file(run_dir, host):
+def agent_events_file(run_dir: str, host: str) -> str:
     return os.path.join(run_dir, f"agent-{host}.events.jsonl")
 
 
-def faults_file(run_dir):
+def faults_file(run_dir: str) -> str:
     return os.path.join(run_dir, "faults.jsonl")
 
 
-def quarantine_dir(run_dir):
+def quarantine_dir(run_dir: str) -> str:
     return os.path.join(run_dir, "quarantine")

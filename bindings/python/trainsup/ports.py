@@ -10,8 +10,10 @@ import os
 import random
 import socket
 
+__all__ = ["free_port"]
 
-def _ephemeral_low():
+
+def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             return int(f.read().split()[0])
@@ -19,7 +21,7 @@ def _ephemeral_low():
         return 32768
 
 
-def free_port():
+def free_port() -> int:
     low = min(_ephemeral_low(), 32768)
     first = 20000 if low > 21000 else 1024
     rng = random.Random(os.getpid() ^ int.from_bytes(os.urandom(4), "little"))

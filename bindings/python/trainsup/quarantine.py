@@ -19,38 +19,40 @@ import os
 import shlex
 import subprocess
 import time
+from typing import Any, Dict, List, Optional, Tuple
 
-from . import preflight
 from ._trainsup import EXIT_QUARANTINED  # noqa: F401  (trainsup/exit_codes.h: 95)
 from .names import quarantine_dir, quarantine_key
+
+__all__ = ["Quarantine", "run_commands", "default_dir", "DEFAULT_TTL_S", "EXIT_QUARANTINED"]
 
 DEFAULT_TTL_S = 24 * 3600
 
 
-def default_dir():
+def default_dir() -> str:
     return os.environ.get("TRAINSUP_QUARANTINE_DIR") or quarantine_dir(
         os.environ.get("TRAINSUP_RUN_DIR", "trainsup-run"))
 
 
-def _safe(host):
+def _safe(host: str) -> str:
     if not host or "/" in host or host in (".", ".."):
         raise ValueError(f"quarantine: {host!r} is not a host name")
     return host
 
 
 class Quarantine:
-    def __init__(self, directory=None, store=None):
+    def __init__(self, directory: Optional[str] = None, store: Any = None) -> None:
         self.dir = directory or default_dir()
         self.store = store
         os.makedirs(self.dir, exist_ok=True)
 
-    def _path(self, host):
+    def _path(self, host: str) -> str:
         return os.path.join(self.dir, _safe(host) + ".json")
 
-    def _released_path(self, host):
+    def _released_path(self, host: str) -> str:
         return os.path.join(self.dir, _safe(host) + ".released")
 
-    def _write_atomically(self, path, text):
+    def _write_atomically(self, path: str, text: str) -> None:
         tmp = f"{path}.tmp.{os.getpid()}"
         with open(tmp, "w") as f:
             f.write(text)
@@ -63,7 +65,7 @@ class Quarantine:
         finally:
             os.close(fd)
 
-    def released_at(self, host):
+    def released_at(self, host: str) -> Optional[float]:
         """When `host` was last released with remove() (Unix seconds), or None."""
         try:
             with open(self._released_path(host)) as f:
@@ -71,7 +73,8 @@ class Quarantine:
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
 
-    def add(self, host, reason, verdict="manual", gpu="", ttl_s=DEFAULT_TTL_S):
+    def add(self, host: str, reason: str, verdict: str = "manual", gpu: str = "",
+            ttl_s: float = DEFAULT_TTL_S) -> Dict[str, Any]:
         """Writes the record (replacing an older one); returns it."""
         now = time.time()
         record = {"host": _safe(host), "gpu": gpu, "reason": reason, "verdict": verdict, "time": now,
@@ -81,7 +84,7 @@ class Quarantine:
             self.store.set(quarantine_key(host), json.dumps(record))
         return record
 
-    def remove(self, host):
+    def remove(self, host: str) -> bool:
         """Releases `host`: deletes its record and marks the release in the directory (which
         outranks a copy in a running job's store). True if there was a live record here."""
         removed = self.get(host) is not None
@@ -97,27 +100,27 @@ class Quarantine:
                 pass
         return removed
 
-    def get(self, host):
+    def get(self, host: str) -> Optional[Dict[str, Any]]:
         """The live record of `host`, or None (expired records count as absent, and so does a
         store copy older than the host's release)."""
-        record = None
+        record: Optional[Dict[str, Any]] = None
         try:
             with open(self._path(host)) as f:
                 record = json.load(f)
         except (FileNotFoundError, ValueError):
             record = None
         if record is None and self.store is not None:
-            from .telemetry import peek
+            from .launch.store import peek
             text = peek(self.store, quarantine_key(host))
             record = json.loads(text) if text else None
             released = self.released_at(host) if record is not None else None
-            if released is not None and float(record.get("time", 0)) <= released:
+            if record is not None and released is not None and float(record.get("time", 0)) <= released:
                 record = None  # released by an operator since it was written
         if record is not None and record.get("expiry", 0) <= time.time():
             return None
         return record
 
-    def list(self):
+    def list(self) -> List[Dict[str, Any]]:
         out = []
         for name in sorted(os.listdir(self.dir)):
             if name.endswith(".json"):
@@ -126,13 +129,13 @@ class Quarantine:
                     out.append(r)
         return out
 
-    def exclude_arg(self):
+    def exclude_arg(self) -> str:
         """The sbatch text that keeps a job off the quarantined hosts ("" when none)."""
         hosts = [r["host"] for r in self.list()]
         return f"--exclude={','.join(hosts)}" if hosts else ""
 
 
-def run_commands(record, commands=None):
+def run_commands(record: Dict[str, Any], commands: Optional[str] = None) -> List[Tuple[str, int]]:
     """Runs the configured quarantine commands for `record`; returns [(command, exit code)]."""
     text = commands if commands is not None else os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", "")
     results = []
@@ -148,31 +151,3 @@ def run_commands(record, commands=None):
             rc = -1
         results.append((command, rc))
     return results
-
-
-class AgentQuarantine:
-    """A launcher agent's side of quarantine: imposing a record (with its event and the
-    configured commands) and the preflight check that may quarantine the agent's own host."""
-
-    def __init__(self, quarantine, node, events, ttl_s, commands, preflight_command=""):
-        self.records, self.node, self.events = quarantine, node, events
-        self.ttl_s, self.commands, self.preflight_command = ttl_s, commands, preflight_command
-
-    def get(self, host):
-        return self.records.get(host)
-
-    def impose(self, host, reason, verdict, gpu=""):
-        """Writes the record, says so in the event log and runs the configured commands."""
-        record = self.records.add(host, reason=reason, verdict=verdict, gpu=gpu, ttl_s=self.ttl_s)
-        self.events.write("quarantine", quarantined_host=host, verdict=verdict, gpu=gpu)
-        for command, rc in run_commands(record, self.commands):
-            self.events.write("quarantine_command", command=command, exit_code=rc)
-
-    def preflight(self):
-        """Runs the health check before this host's workers start; an unhealthy host that is
-        not quarantined yet is quarantined now (its agent then leaves at its first rendezvous)."""
-        gpus = []
-        healthy, details, bad_gpus = preflight.run(self.preflight_command, records=gpus)
-        self.events.write("preflight", healthy=healthy, details=details, bad_gpus=bad_gpus, gpus=gpus)
-        if not healthy and self.get(self.node) is None:
-            self.impose(self.node, "preflight: " + "; ".join(details[1:]), "preflight", gpu=",".join(bad_gpus))

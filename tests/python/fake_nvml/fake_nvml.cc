@@ -1,5 +1,5 @@
 // A stand-in for the driver's libnvidia-ml.so.1 with the entry points trainsup's preflight
-// calls (trainsup/preflight.py), so that its GPU checks run on a machine without a GPU. The
+// calls (trainsup/launch/preflight.py), so that its GPU checks run on a machine without a GPU. The
 // signatures follow NVML's documented API: nvmlReturn_t is an int enum (0 = success,
 // 3 = not supported), nvmlDevice_t an opaque pointer, nvmlEnableState_t an int.
 //

@@ -14,7 +14,7 @@
 //   off (0.2, 0.6, 1.4, 3.0, 6.2 s after the loss): a partition that heals within the budget
 //   is over by then and names nobody.
 // - slow link: the launcher tells the detector which hosts report a slow network (their agents'
-//   round trips to the rendezvous store, trainsup/liveness.py). Packets lost or delayed there
+//   round trips to the rendezvous store, trainsup/launch/liveness.py). Packets lost or delayed there
 //   hold collectives on healthy hosts too, and the rank left waiting is usually not the one on
 //   the slow host. While any host is slow, a collective over its budget is first reported as a
 //   straggler naming the slow host(s), and named hung only once open slow_link_multiplier x its

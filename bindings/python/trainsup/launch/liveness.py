@@ -54,9 +54,12 @@ import collections
 import json
 import threading
 import time
+from typing import Any, Deque, List, Optional, Tuple
 
-from . import names
-from .telemetry import peek
+from .. import names
+from .store import peek
+
+__all__ = ["HostLiveness"]
 
 
 class HostLiveness:
@@ -96,10 +99,11 @@ class HostLiveness:
         self.on_slow = on_slow or (lambda host, median_s, baseline_s, slow: None)
         self.slow_link_s = float(slow_link_s)
         self.slow_link_multiplier = float(slow_link_multiplier)
-        self._round_trips = collections.deque(maxlen=max(1, int(slow_window)))
-        self.baseline_s = None        # the fastest keep-alive round trip seen: this link when healthy
+        self._window = max(1, int(slow_window))
+        self._round_trips: Deque[float] = collections.deque(maxlen=self._window)
+        self.baseline_s: Optional[float] = None        # the fastest keep-alive round trip seen: this link when healthy
         self.slow = False
-        self._slow_cache = (None, [])  # ((slow_changes, hosts), slow hosts among them)
+        self._slow_cache: Tuple[Any, List[str]] = (None, [])  # ((slow_changes, hosts), slow hosts among them)
         self._slow_lock = threading.Lock()
         self.store.set(self._key(host, "node"), self._node)
         if peek(self.store, self._key(host, "slow")):
@@ -134,7 +138,7 @@ class HostLiveness:
         with self._slow_lock:
             self._round_trips.append(seconds)
             self.baseline_s = seconds if self.baseline_s is None else min(self.baseline_s, seconds)
-            if len(self._round_trips) < self._round_trips.maxlen:
+            if len(self._round_trips) < self._window:
                 return
             median = sorted(self._round_trips)[len(self._round_trips) // 2]
             if not self.slow and median >= self.slow_link_s:

@@ -6,6 +6,8 @@ import threading
 
 from . import _compat as compat
 
+__all__ = ["expedite_round", "expected_back"]
+
 
 def expected_back(agent, hosts):
     """The nodes (node_desc() lists) that can come back of `hosts` (the round we were in):

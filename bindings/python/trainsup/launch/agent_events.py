@@ -4,9 +4,11 @@ import os
 import socket
 import sys
 
-from . import _trainsup_agent, names
-from .errors import IoError
-from .events import json_fields
+from .. import _trainsup_agent, names
+from ..errors import IoError
+from ..events import json_fields
+
+__all__ = ["AgentEvents", "node_name"]
 
 
 def node_name():

@@ -10,6 +10,8 @@ import ctypes
 import os
 import subprocess
 
+__all__ = ["run", "gpu_records", "gpu_checks", "problems_of"]
+
 NVML_SUCCESS = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0

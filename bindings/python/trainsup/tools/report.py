@@ -15,12 +15,17 @@ import html
 import json
 import os
 import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import names
+from .. import names
+
+__all__ = ["load", "analyse", "timeline", "text_report", "html_report", "main"]
+
+Event = Dict[str, Any]
 
 
-def _events(path):
-    out = []
+def _events(path: str) -> List[Event]:
+    out: List[Event] = []
     try:
         with open(path) as f:
             for line in f:
@@ -35,7 +40,7 @@ def _events(path):
     return out
 
 
-def load(run_dir, logs_dir=None):
+def load(run_dir: str, logs_dir: Optional[str] = None) -> Tuple[List[Event], List[Event], List[Event]]:
     agents = [e for p in sorted(glob.glob(names.agent_events_file(run_dir, "*"))) for e in _events(p)]
     if logs_dir is None:
         guess = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "logs")
@@ -47,7 +52,7 @@ def load(run_dir, logs_dir=None):
     return agents, ranks, faults
 
 
-def analyse(agents, ranks, faults):
+def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dict[str, Any]:
     """Incidents (one per round with a verdict: the first one in it) and totals."""
     everything = agents + ranks + faults
     if not everything:
@@ -102,21 +107,21 @@ TIMELINE_AGENT = {"rendezvous", "coordinator_elected", "coordinator_takeover", "
 TIMELINE_RANK = {"abort_ordered", "stall", "exit", "checkpoint_restored", "first_step"}
 
 
-def timeline(agents, ranks, faults):
+def timeline(agents: List[Event], ranks: List[Event], faults: List[Event]) -> List[Event]:
     rows = [e for e in agents if e["event"] in TIMELINE_AGENT]
     rows += [e for e in ranks if e["event"] in TIMELINE_RANK]
     rows += faults
     return sorted(rows, key=lambda e: e["time"])
 
 
-def _describe(e):
+def _describe(e: Event) -> str:
     keys = ("round", "kind", "hosts", "section", "quarantined_host", "error_class", "restarts", "code", "step",
             "verdict", "culprit_host", "group_world", "reason", "lost_host", "silent_s", "evicted_host",
             "slow_host", "round_trip_ms")
     return " ".join(f"{k}={e[k]}" for k in keys if k in e and e[k] not in ("", None, []))
 
 
-def text_report(a, rows):
+def text_report(a: Dict[str, Any], rows: List[Event]) -> str:
     out = []
     t0 = a["start"]
     out.append(f"run: {a['wall_s']:.1f} s wall, {len(a['incidents'])} incident(s), "
@@ -143,7 +148,7 @@ COLORS = {"verdict": "#d62728", "quarantine": "#9467bd", "quarantined_exit": "#9
           "slow_link_recovered": "#2ca02c"}
 
 
-def _tick_step(span):
+def _tick_step(span: float) -> float:
     """A round tick interval giving about 6 to 12 ticks over `span` seconds."""
     for step in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400):
         if span / step <= 12:
@@ -160,7 +165,7 @@ LABELS = {"fault_injected": lambda e: f"fault ({e.get('kind', '')})",
           "give_up": lambda e: "gave up"}
 
 
-def svg_timeline(a, rows):
+def svg_timeline(a: Dict[str, Any], rows: List[Event]) -> str:
     """The run as an SVG picture: one lane per host, a dot per event (hover for details), key
     events labelled, and each incident's lost time as bands: replay (work since the restored
     checkpoint), detection (fault -> verdict), restart (verdict -> first step after resume)."""
@@ -198,7 +203,7 @@ def svg_timeline(a, rows):
         label = f"{k * step:g} s" if step < 60 else f"{k * step / 60:g} min"
         out.append(f'<text x="{tx:.1f}" y="{bottom + 16}" text-anchor="middle" fill="#444">{label}</text>')
         k += 1
-    labelled = {}
+    labelled: Dict[Any, Tuple[float, int]] = {}
     for e in sorted(rows, key=lambda e: e["time"]):
         y = top + hosts.index(e.get("host", "?")) * lane + lane / 2
         cx = x(e["time"])
@@ -215,26 +220,26 @@ def svg_timeline(a, rows):
             out.append(f'<text x="{cx:.1f}" y="{y + side * 12 + (4 if side > 0 else 0):.0f}" text-anchor="middle" '
                        f'fill="{color}">{html.escape(LABELS[e["event"]](e))}</text>')
     present = [k for k in COLORS if any(e["event"] == k for e in rows)]
-    lx, ly = left, bottom + 40
-    for k in present:
-        w = 14 + 6.2 * len(k)
+    lx, ly = float(left), bottom + 40
+    for kind in present:
+        w = 14 + 6.2 * len(kind)
         if lx + w > width - 10:
             lx, ly = left, ly + 16
-        out.append(f'<circle cx="{lx + 4}" cy="{ly - 4}" r="4" fill="{COLORS[k]}"/>'
-                   f'<text x="{lx + 12}" y="{ly}">{k}</text>')
+        out.append(f'<circle cx="{lx + 4}" cy="{ly - 4}" r="4" fill="{COLORS[kind]}"/>'
+                   f'<text x="{lx + 12}" y="{ly}">{kind}</text>')
         lx += w + 12
     out.append("</svg>")
     return "\n".join(out)
 
 
-def html_report(a, rows, text):
+def html_report(a: Dict[str, Any], rows: List[Event], text: str) -> str:
     return ("<!doctype html><meta charset=utf-8><title>trainsup report</title>"
             f"<h1>trainsup run: ETTR {a['ettr']:.3f}</h1><p>{len(a['incidents'])} incident(s), "
             f"{a['lost_s']:.1f} s lost of {a['wall_s']:.1f} s (hover a dot for the event)</p>"
             + svg_timeline(a, rows) + f"<pre>{html.escape(text)}</pre>")
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="trainsup report", description=__doc__.split("\n")[0])
     p.add_argument("run_dir")
     p.add_argument("--logs", default=None, help="the ranks' TRAINSUP_LOG_DIR (default: RUN_DIR/../logs)")

@@ -1,4 +1,5 @@
-"""Per-host telemetry services, as the launcher runs them in each node's agent.
+"""Per-host telemetry services, as the launcher runs them in each node's agent (process: the
+launcher agent, `trainsup-run`; threads: its own, every 0.2 s).
 
 NodeServices(store, ...) runs this host's node monitor (ranks connect to its Unix socket:
 TRAINSUP_COORDINATOR=unix:<path>) and takes part in choosing the job coordinator through the
@@ -24,50 +25,18 @@ import os
 import secrets
 import threading
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import _trainsup_agent
-from .names import telemetry_key
-
-
-def _text(value):
-    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+from .. import _trainsup_agent
+from ..names import telemetry_key
+from .store import _text, compare_set, first_set, peek
 
 
-_ABSENT = "\x00trainsup-absent\x00"
+__all__ = ["NodeServices", "publish_verdict", "rank_table"]
 
 
-def compare_set(store, key, expected, desired):
-    """store.compare_set, through trainsup's binding where there is one: torch 1.13's own builds
-    its result without the GIL and crashes multi-threaded processes such as the launcher."""
-    try:
-        from ._trainsup_torch import store_compare_set
-    except ImportError:
-        return store.compare_set(key, expected, desired)
-    return _through_binding(store_compare_set, store, key, expected, desired)
-
-
-def _through_binding(fn, store, key, expected, desired):
-    # Not called from compare_set's own frame: for a store written in Python (a dist.Store
-    # subclass), pybind11 takes a frame named compare_set whose first argument is the store for
-    # the override calling itself, and torch then fails with "Not implemented".
-    return fn(store, key, expected, desired)
-
-
-def peek(store, key):
-    """The value of `key`, or None when it is not set, without waiting (torch 1.13's Python
-    stores have no check()): compare_set with an expected value no one writes changes nothing
-    and returns the current value, or the expected one when the key is absent."""
-    value = _text(compare_set(store, key, _ABSENT, _ABSENT))
-    return None if value == _ABSENT else value
-
-
-def first_set(store, key, value):
-    """Sets `key` to `value` unless it is set already; the value in force, as text (the first
-    writer's, for everyone)."""
-    return _text(compare_set(store, key, "", value))
-
-
-def publish_verdict(store, job_id, verdict, replaces=()):
+def publish_verdict(store: Any, job_id: str, verdict: Dict[str, Any],
+                    replaces: Sequence[str] = ()) -> Dict[str, Any]:
     """Makes `verdict` the job round's first fatal verdict unless one is there already (or the
     one there is of a kind in `replaces`). Returns the verdict in force."""
     key = telemetry_key(job_id, "verdict")
@@ -84,16 +53,21 @@ def publish_verdict(store, job_id, verdict, replaces=()):
     return verdict
 
 
-def rank_table(store, job_id):
+def rank_table(store: Any, job_id: str) -> List[List[Any]]:
     """[[rank, local_rank, host, gpu], ...] as the job round's coordinator last published it."""
     text = peek(store, telemetry_key(job_id, "ranks"))
     return [list(r) for r in json.loads(text)] if text else []
 
 
 class NodeServices:
-    def __init__(self, store, job_id, node_name, world_size, socket_dir, bind="127.0.0.1", advertise=None,
-                 takeover_s=3.0, hang_floor_s=None, heartbeat_timeout_s=None, collective_budgets="",
-                 network_grace_s=None, on_verdict=None, on_event=None, vet=None, slow_hosts=None):
+    def __init__(self, store: Any, job_id: str, node_name: str, world_size: int, socket_dir: str,
+                 bind: str = "127.0.0.1", advertise: Optional[str] = None, takeover_s: float = 3.0,
+                 hang_floor_s: Optional[float] = None, heartbeat_timeout_s: Optional[float] = None,
+                 collective_budgets: str = "", network_grace_s: Optional[float] = None,
+                 on_verdict: Optional[Callable[[Dict[str, Any]], None]] = None,
+                 on_event: Optional[Callable[..., None]] = None,
+                 vet: Optional[Callable[[Dict[str, Any]], bool]] = None,
+                 slow_hosts: Optional[Callable[[], List[str]]] = None) -> None:
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -111,22 +85,25 @@ class NodeServices:
         # slow_hosts() -> the job's hosts whose links are slow now; our coordinator is told (read
         # at most once a second, and again whenever a new coordinator of ours starts).
         self.slow_hosts = slow_hosts
-        self._slow_told = (None, [])  # (coordinator, hosts) last told
+        self._slow_told: Tuple[Any, List[str]] = (None, [])  # (coordinator, hosts) last told
         self._slow_read_at = 0.0
         self.on_event = on_event or (lambda name, **fields: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         tag = hashlib.sha1(job_id.encode()).hexdigest()[:8]
         self.socket_path = os.path.join(socket_dir, f"{tag}-{node_name}.sock")
         self.token = self._agree_token()
-        self.coordinator = None       # ours, when in office (or offered)
-        self.following = None         # "host:port/epoch" our node monitor points at
-        self.verdicts = []            # every verdict our coordinator reached
-        self._unpublished = None      # our coordinator's first fatal verdict, until the store has it
+        self.coordinator: Any = None  # ours, when in office (or offered)
+        self.following: Optional[str] = None  # "host:port/epoch" our node monitor points at
+        self.verdicts: List[Dict[str, Any]] = []  # every verdict our coordinator reached
+        self._unpublished: Optional[Dict[str, Any]] = None      # our coordinator's first fatal verdict, until the store has it
         self._publish_failures = 0
         self._published_verdict = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._disconnected_since = None
+        self._disconnected_since: Optional[float] = None
+        self._mine = ""
+        self._last_table: Optional[str] = None
+        self._last_error: Optional[Exception] = None
         self.monitor = _trainsup_agent.NodeMonitor(self.socket_path, "127.0.0.1", 0, self.token)
         self._follow_or_elect()
         self._thread = threading.Thread(target=self._run, name="trainsup-node-services", daemon=True)
@@ -134,21 +111,21 @@ class NodeServices:
 
     # --- what the ranks of this host need ---
     @property
-    def rank_env(self):
+    def rank_env(self) -> Dict[str, str]:
         return {"TRAINSUP_COORDINATOR": f"unix:{self.socket_path}", "TRAINSUP_JOB_TOKEN": self.token}
 
     @property
-    def in_office(self):
+    def in_office(self) -> bool:
         return self.coordinator is not None and self.following == self._mine
 
     # --- internals ---
-    def _agree_token(self):
+    def _agree_token(self) -> str:
         mine = secrets.token_hex(16)
         if self.store is None:
             return mine
         return first_set(self.store, telemetry_key(self.job_id, "token"), mine)
 
-    def _published(self):
+    def _published(self) -> str:
         if self.store is None:
             return self.following or ""
         try:
@@ -156,7 +133,7 @@ class NodeServices:
         except Exception:  # the store itself is unreachable: keep what we follow
             return self.following or ""
 
-    def _start_coordinator(self, takeover):
+    def _start_coordinator(self, takeover: bool) -> Any:
         known = []
         if takeover and self.store is not None:
             try:
@@ -172,7 +149,7 @@ class NodeServices:
         self._mine = f"{self.advertise}:{c.port}/{epoch}"
         return c
 
-    def _follow(self, published):
+    def _follow(self, published: str) -> None:
         if published and published != self.following:
             address = published.split("/")[0]
             host, port = address.rsplit(":", 1)
@@ -180,7 +157,7 @@ class NodeServices:
             self.following = published
             self._disconnected_since = None
 
-    def _follow_or_elect(self, expected=""):
+    def _follow_or_elect(self, expected: str = "") -> None:
         """Offers our own coordinator for the office held by `expected` ("" = nobody)."""
         candidate = self._start_coordinator(takeover=bool(expected))
         if self.store is None:
@@ -197,7 +174,7 @@ class NodeServices:
             candidate.stop()
         self._follow(won)
 
-    def _publish(self):
+    def _publish(self) -> None:
         c = self.coordinator
         if c is None or not self.in_office:
             return
@@ -229,11 +206,11 @@ class NodeServices:
         if self.store is not None:
             table = [list(r) for r in c.known_ranks() if r[2]]
             text = json.dumps(table)
-            if text != getattr(self, "_last_table", None):
+            if text != self._last_table:
                 self.store.set(telemetry_key(self.job_id, "ranks"), text)
                 self._last_table = text
 
-    def _run(self):
+    def _run(self) -> None:
         failing = False
         while not self._stop.wait(0.2):
             try:
@@ -245,7 +222,7 @@ class NodeServices:
                     self.on_event("node_services_error", error=f"{type(e).__name__}: {e}")
                 failing = True
 
-    def _tick(self):
+    def _tick(self) -> None:
         published = self._published()
         if published and published != self.following:
             if self.coordinator is not None and published != self._mine:
@@ -270,7 +247,7 @@ class NodeServices:
             self._disconnected_since = None
             self._follow_or_elect(expected=self.following or "")
 
-    def _tell_slow_hosts(self):
+    def _tell_slow_hosts(self) -> None:
         c = self.coordinator
         now = time.monotonic()
         if self.slow_hosts is None or c is None or not self.in_office:
@@ -288,7 +265,7 @@ class NodeServices:
                 self.on_event("slow_hosts", hosts=hosts)
             self._slow_told = (c, hosts)
 
-    def first_verdict(self):
+    def first_verdict(self) -> Optional[Dict[str, Any]]:
         """The job's first fatal verdict as published in the store (any agent), or None."""
         if self.store is None:
             with self._lock:
@@ -301,7 +278,7 @@ class NodeServices:
             pass
         return None
 
-    def close(self):
+    def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
         self.monitor.stop()

@@ -6,8 +6,10 @@ a bad checkpoint) must not burn the allocation."""
 import json
 import time
 
-from . import _trainsup, names
-from .telemetry import first_set, peek
+from .. import _trainsup, names
+from .store import first_set, peek
+
+__all__ = ["RestartGuard", "newest_valid_step", "EXIT_DO_NOT_REQUEUE"]
 
 EXIT_DO_NOT_REQUEUE = _trainsup.EXIT_DO_NOT_REQUEUE  # trainsup/exit_codes.h: 96
 

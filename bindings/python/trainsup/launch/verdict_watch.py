@@ -17,8 +17,11 @@ import signal
 import sys
 import threading
 
-from . import names
-from .telemetry import first_set, publish_verdict, rank_table
+from .. import names
+from .node_services import publish_verdict, rank_table
+from .store import first_set
+
+__all__ = ["VerdictWatch", "QUARANTINE_KINDS"]
 
 # Verdicts that say a host is broken (not the program): its host is quarantined.
 QUARANTINE_KINDS = {"hung_rank", "silent_rank", "stalled_rank", "dead_rank", "dead_host"}

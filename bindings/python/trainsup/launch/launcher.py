@@ -7,32 +7,44 @@ rendezvous, wrapped so that
   workers, leaves the rendezvous and exits with EXIT_QUARANTINED (95), so that the others form
   the next round at once, with a spare in its place or with fewer nodes when MIN allows;
 - nodes beyond MAX wait as spares without making the active nodes restart again and again;
-- restarts are counted for the whole job, and a job that keeps failing ends with
-  EXIT_DO_NOT_REQUEUE (96).
+- restarts are counted for the whole job (a round that ends because nodes joined or left is no
+  restart, as in torchrun), and a job that keeps failing ends with EXIT_DO_NOT_REQUEUE (96); so
+  does one whose checkpoints this round's size cannot restore (the next attempt would fail the
+  same way), and every agent follows a job that gave up.
 Each agent writes its events to <run dir>/agent-<host>.events.jsonl (docs/events.md).
 
 This module is the rendezvous wrapping and the wiring; each job is a module of its own:
 telemetry.NodeServices (services), quarantine.AgentQuarantine (quarantine and preflight),
 restarts.RestartGuard (restart policy), classify.classify_attempt (classification),
+gpu_faults.GpuFaultJudge (whether a failure is this host's GPU's fault),
 verdict_watch.VerdictWatch (verdicts and host loss), liveness.HostLiveness (keep-alives),
 expedite.expedite_round (ending the last call early), _compat (torchrun's internals).
 """
+import json
 import os
+import re
 import time
 
 from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from . import _compat as compat
-from . import _trainsup_agent
+from .. import _trainsup_agent, names
 from .agent_events import AgentEvents, node_name
 from .classify import classify_attempt
 from .expedite import expedite_round
+from .gpu_faults import GpuFaultJudge
 from .liveness import HostLiveness
-from .quarantine import EXIT_QUARANTINED, AgentQuarantine, Quarantine
+from ..quarantine import EXIT_QUARANTINED, Quarantine
+from .quarantine_policy import AgentQuarantine
 from .restarts import EXIT_DO_NOT_REQUEUE, RestartGuard
-from .telemetry import NodeServices
+from .node_services import NodeServices
+from .store import first_set, peek
 from .verdict_watch import VerdictWatch
+
+__all__ = ["TrainsupRendezvousHandler"]
+
+_INCOMPATIBLE = re.compile(r"were written by world size (\d+), this job has (\d+)")
 
 
 class TrainsupRendezvousHandler(RendezvousHandler):
@@ -52,9 +64,13 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                           preflight_command=settings.get("preflight_command"))
         self.restarts = RestartGuard(self.store, inner.get_run_id(), settings["checkpoint_dir"],
                                      settings["max_restarts"], settings["max_restarts_without_progress"], self.events)
+        self.gpu_faults = GpuFaultJudge(self.store, inner.get_run_id(), self.node)
         self.services = None
         self.round = None
         self.world = 0  # group world of self.round
+        self._round_started = time.monotonic()
+        self._nodes_waiting = 0   # > 0: torchrun is restarting a healthy round for nodes that joined
+        self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
         self.watch = VerdictWatch(self)
         self.watch.start()
         self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner))
@@ -111,13 +127,35 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         st = compat.state(self.inner)
         if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
             return 0  # spares: no room for them, so no reason to restart for them
+        # torchrun asks only while its workers are healthy, and restarts the round at once when
+        # nodes wait: that restart is a change of membership, not a failure.
+        self._nodes_waiting = n
         return n
 
+    def _membership_change(self):
+        """Whether the round that ended was ended for nodes that joined (torchrun restarts a
+        healthy round for them and, deliberately, does not count it against --max-restarts):
+        asked for by num_nodes_waiting(), and no fatal verdict in the round. A grown job must not
+        give up on its next real failure for having grown (issue 19)."""
+        waiting, self._nodes_waiting = self._nodes_waiting, 0
+        if not waiting or self.round is None:
+            return 0
+        try:
+            if self.services is not None and self.services.first_verdict() is not None:
+                return 0  # the round failed, whatever else was going on
+        except Exception:
+            pass
+        return waiting
+
     def next_rendezvous(self):
-        if self.round is not None:
+        joined = self._membership_change()
+        self._follow_give_up()
+        if self.round is not None and not joined:
             self._classify_failures()
         self._leave_if_quarantined()
-        if self.round is not None:
+        if self.round is not None and joined:
+            self.events.write("membership_change", previous_round=self.round, nodes_waiting=joined)
+        elif self.round is not None:
             why = self.restarts.account(self.round)
             if why is not None:
                 self._give_up(why)
@@ -142,6 +180,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.world = group_world
         self.events.write("rendezvous", round=self.round, group_rank=group_rank, group_world=group_world,
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
+        self._check_restorable(group_world)
+        self._round_started = time.monotonic()
         return result
 
     # --- the round's services ---
@@ -157,16 +197,45 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                             on_verdict=self.watch.report, vet=self.watch.vet, slow_hosts=self.watch.slow_hosts)
 
     def _classify_failures(self):
-        """Classifies the previous attempt's worker output on this host (torchrun's log files);
-        a GPU hardware fault quarantines this host by itself. A report: never a reason to stop."""
+        """Classifies the previous attempt's worker output on this host (torchrun's log files).
+        This host is quarantined only on evidence that its GPU is at fault (gpu_faults.py): a
+        program's own CUDA errors are reported, not blamed on the host. Never a reason to stop."""
         try:
-            for local_rank, cls, line in classify_attempt(self.settings.get("worker_log_dir"), self.get_run_id()):
+            failures = classify_attempt(self.settings.get("worker_log_dir"), self.get_run_id())
+            for local_rank, cls, line in failures:
                 self.events.write("worker_failure", round=self.round, local_rank=local_rank, error_class=cls,
                                   line=line)
-                if cls == "gpu_hardware" and self.quarantine.get(self.node) is None:
-                    self.quarantine.impose(self.node, line, "gpu_hardware")
+                m = _INCOMPATIBLE.search(line) if cls == "checkpoint_incompatible" else None
+                if m:
+                    self._incompatible = (int(m.group(1)), line)
+            verdict, reason, notes = self.gpu_faults.judge(self.round, failures, self._round_started)
+            if verdict is not None:
+                if self.quarantine.get(self.node) is None:
+                    self.quarantine.impose(self.node, reason, verdict)
+            elif any(cls == "cuda_error" for _, cls, _ in failures):
+                self.events.write("cuda_error_not_blamed", round=self.round, evidence=notes,
+                                  reason="no evidence that only hardware gives (NVML counters, kernel log Xid, "
+                                         "uncorrectable ECC, a lost GPU): the program's error until it recurs "
+                                         "here alone")
         except Exception as e:
-            self.events.write("worker_failure_unreadable", error=str(e))
+            self.events.write("worker_failure_unreadable", error=f"{type(e).__name__}: {e}")
+
+    def _check_restorable(self, group_world):
+        """After a failure to restore checkpoints written by another world size: a round of the
+        same wrong size would fail the same way, attempt after attempt, until the restart cap
+        (issue 19). Give up now, saying why; a round of the right size (nodes came back) goes on."""
+        if self._incompatible is None:
+            return
+        written, line = self._incompatible
+        self._incompatible = None
+        world = group_world * int(self.settings["nproc_per_node"])
+        if world == written:
+            self.events.write("checkpoint_world_matches", round=self.round, world_size=world)
+            return
+        self._give_up(f"the job's checkpoints were written by world size {written} and its workers cannot restore "
+                      f"them with world size {world} (trainsup's checkpoints of non-replicated state do not "
+                      f"reshard); the next attempt would fail the same way. Relaunch with world size {written}, "
+                      f"or restore elsewhere. The workers said: {line}", cause="checkpoint_incompatible")
 
     # --- leaving ---
     def evict(self, host, desc):
@@ -195,11 +264,37 @@ class TrainsupRendezvousHandler(RendezvousHandler):
               f"its agent leaves the job (exit {EXIT_QUARANTINED})", flush=True)
         self._exit(EXIT_QUARANTINED)
 
-    def _give_up(self, why):
-        self.events.write("give_up", reason=why, code=EXIT_DO_NOT_REQUEUE)
-        print(f"[trainsup] giving up after {why}: exit {EXIT_DO_NOT_REQUEUE} (do not requeue)", flush=True)
+    def _give_up(self, why, cause="restart_cap", followed=False):
+        """Ends this agent with EXIT_DO_NOT_REQUEUE (96), and the job with it: the reason is
+        published (set once), and every agent that restarts afterwards gives up with it."""
+        if not followed:
+            try:
+                first_set(self.store, names.give_up_key(self.get_run_id()),
+                          json.dumps({"reason": why, "cause": cause, "host": self.node, "time": time.time()}))
+            except Exception as e:  # the others reach the same decision on their own, or time out
+                self.events.write("give_up_unpublished", error=f"{type(e).__name__}: {e}")
+        self.events.write("give_up", reason=why, cause=cause, code=EXIT_DO_NOT_REQUEUE, followed=followed)
+        print(f"[trainsup] giving up: {why}: exit {EXIT_DO_NOT_REQUEUE} (do not requeue)", flush=True)
         self._leave_rendezvous()
         self._exit(EXIT_DO_NOT_REQUEUE)
+
+    FOLLOW_NEW_AGENTS_S = 600.0  # torchrun's default join timeout: how long a newcomer would wait
+
+    def _follow_give_up(self):
+        """Another agent gave the job up: so does this one, which would otherwise wait for a
+        round that never forms. A newcomer (no round yet) follows only a recent decision: a
+        store that outlives the job (etcd) may hold one from before an operator's requeue."""
+        try:
+            text = peek(self.store, names.give_up_key(self.get_run_id()))
+        except Exception:
+            return
+        if not text:
+            return
+        decided = json.loads(text)
+        if self.round is None and time.time() - float(decided.get("time", 0)) > self.FOLLOW_NEW_AGENTS_S:
+            return
+        self._give_up(f"{decided['reason']} (decided by {decided['host']})", cause=decided.get("cause", ""),
+                      followed=True)
 
     def _exit(self, code):
         """Ends this agent, which has left the rendezvous. If the rendezvous store lives in this

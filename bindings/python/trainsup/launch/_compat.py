@@ -1,0 +1,342 @@
+"""Every use of torchrun's internals by the launcher (trainsup.launch), in one place, because
+they differ between torch versions: torchrun's parser, runner, handler registry and rendezvous
+handler state. Nothing else in the package imports a private torch name (tests/python/
+test_compat.py checks that; the rank side's are in trainsup/_compat.py). Imports of torch
+happen inside the functions: importing the launcher's modules does not load torch.
+
+Run and tested on torch 2.13 (every launcher scenario of the suite): next_rendezvous returns a
+RendezvousInfo, spares wait in redundancy_list, _NodeDesc has .addr, and the rendezvous store
+shared with workers must be turned off (prepare_environment). The torch 1.x branches kept here
+(tuple results, fqdn, Std parsing, stores without check()) are no longer exercised: torch 1.x
+is unsupported since the move to torch 2.x."""
+import dataclasses
+import os
+import re
+
+
+def torchrun_parser():
+    """torchrun's own argument parser (trainsup.run adds its flags to it)."""
+    import torch.distributed.run as torchrun
+    return torchrun.get_args_parser()
+
+
+def register_rendezvous_handler(name, create):
+    """Registers `create(params) -> RendezvousHandler` as rendezvous backend `name`; a second
+    registration in the same process keeps the first."""
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    try:
+        rendezvous_handler_registry.register(name, create)
+    except ValueError:
+        pass
+
+
+def run_torchrun(args, on_signal):
+    """torchrun's main with parsed `args`. When torchrun is stopped by a signal from outside
+    (its SignalException), calls on_signal(signal number) and re-raises."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    try:
+        torchrun.run(args)
+    except SignalException as e:
+        on_signal(e.sigval)
+        raise
+
+
+def prepare_environment():
+    """torch 2.x shares one TCPStore server (the round's rank-0 agent's) with the workers of
+    every round, and a restarted worker's init_process_group reads the previous attempt's keys
+    under the same names: gloo then connects to the dead peers of the last attempt (plain
+    torchrun 2.13 with --max-restarts fails its first restart this way, "Connection refused"
+    or a hang). With TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 each round's workers get a store of
+    their own on a fresh port (hosted by their rank 0, as in torch 1.x)."""
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+
+def fix_std_parsing():
+    """torch 1.13's Std.from_str iterates an IntFlag to map "0".."3" to members; on Python 3.11
+    iteration skips the zero and composite members (NONE, ALL), so the default "0" yields None
+    and torchrun crashes at start ('NoneType' object has no attribute 'get'). Replace it with
+    a version that builds the member from its value."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    std = api.Std
+    if std.from_str("0") is std.NONE and std.from_str("3") is std.ALL:
+        return False  # this torch/Python pair is fine
+
+    def from_str(cls, vm):
+        if re.match(api._VALUE_REGEX, vm):
+            return cls(int(vm))
+        if re.match(api._MAPPING_REGEX, vm):
+            return {int(i): cls(int(v)) for i, v in (m.split(":") for m in vm.split(","))}
+        raise ValueError(f"{vm} does not match: <{api._VALUE_REGEX}> or <{api._MAPPING_REGEX}>")
+
+    std.from_str = classmethod(from_str)  # type: ignore[method-assign, assignment]
+    return True
+
+
+def inner_handler_factory(backend):
+    """torchrun's own handler factory for `backend` (c10d, etcd-v2, ...)."""
+    from torch.distributed.elastic.rendezvous import registry
+
+    # Both build torch's DynamicRendezvousHandler, whose state the hook reads (the older "etcd"
+    # backend is a different handler and is not supported).
+    factories = {"c10d": "_create_c10d_handler", "etcd-v2": "_create_etcd_v2_handler"}
+    name = factories.get(backend)
+    if name is None or not hasattr(registry, name):
+        raise ValueError(f"trainsup.run: rendezvous backend {backend!r} is not supported here "
+                         f"(use one of {sorted(k for k, v in factories.items() if hasattr(registry, v))})")
+    return getattr(registry, name)
+
+
+def base_store(handler):
+    """The store the dynamic rendezvous handler keeps its state in (a TCPStore for c10d)."""
+    store = getattr(handler, "_store", None)
+    if store is None:
+        raise RuntimeError("trainsup.run: this torch version's rendezvous handler has no _store")
+    return store
+
+
+def _as_bytes(value):
+    """A store value as torch hands it to a Python store: bytes, str, or (torch 1.13, which
+    converts std::vector<uint8_t>) a list of ints."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def _etcd_store_class():
+    import etcd
+    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore, cas_delay
+
+    class TrainsupEtcdStore(EtcdStore):
+        """torch's EtcdStore plus the two operations trainsup's election, verdict and quarantine
+        keys need and torch's lacks: compare_set (with TCPStore's semantics: an absent key
+        counts as the empty value) and delete_key."""
+
+        def compare_set(self, key, expected_value, desired_value):
+            path = self.prefix + self._encode(key)
+            expected, desired = _as_bytes(expected_value), _as_bytes(desired_value)
+            while True:
+                try:
+                    node = self.client.get(key=path)
+                except etcd.EtcdKeyNotFound:
+                    if expected:
+                        return expected
+                    try:
+                        self.client.write(key=path, value=self._encode(desired), prevExist=False)
+                        return desired
+                    except etcd.EtcdAlreadyExist:
+                        continue  # someone else created it first: compare against theirs
+                current = self._decode(node.value)
+                if current != expected:
+                    return current
+                try:
+                    self.client.test_and_set(key=path, value=self._encode(desired), prev_value=node.value)
+                    return desired
+                except (etcd.EtcdCompareFailed, etcd.EtcdKeyNotFound):
+                    cas_delay()  # changed under us: read it again
+
+        def delete_key(self, key):
+            try:
+                self.client.delete(key=self.prefix + self._encode(key))
+                return True
+            except etcd.EtcdKeyNotFound:
+                return False
+
+        deleteKey = delete_key  # the name torch 1.13's store trampoline looks up
+
+    return TrainsupEtcdStore
+
+
+def trainsup_store(handler):
+    """The store trainsup keeps its job-wide keys in (election, verdicts, quarantine mirror,
+    restart counters, agents' keep-alives), as a client of trainsup's own: for c10d a second
+    TCPStore client of the rendezvous's server (a client serialises its operations, and
+    torchrun's agent blocks in long gets on its own, e.g. 300 s in its exit barrier, which would
+    stall every keep-alive behind it); for etcd-v2 an etcd store under /trainsup/<run id>/ on
+    the same etcd client, which supports compare_set."""
+    import datetime
+    from torch.distributed import TCPStore
+    store = base_store(handler)
+    client = getattr(store, "client", None)
+    if client is not None and type(store).__name__ == "EtcdStore":
+        return _etcd_store_class()(client, f"/trainsup/{handler.get_run_id()}/store")
+    if isinstance(store, TCPStore):
+        return TCPStore(store.host, store.port, None, False, datetime.timedelta(seconds=60))
+    return store
+
+
+def unpack_rendezvous(result):
+    """(store, group_rank, group_world) from what next_rendezvous returned: a tuple in torch
+    1.x, a RendezvousInfo in torch 2.x (the agent reads its fields, so the hook returns the
+    object it got)."""
+    if isinstance(result, tuple):
+        return result
+    return result.store, result.rank, result.world_size
+
+
+def use_agent_store(handler):
+    """torch 2.x: whether workers share the agent's store (a property of the handler)."""
+    return bool(getattr(handler, "use_agent_store", False))
+
+
+def state(handler):
+    """The handler's view of the shared rendezvous state (synced by num_nodes_waiting)."""
+    return handler._state_holder.state
+
+
+def max_nodes(handler):
+    return handler._settings.max_nodes
+
+
+def min_nodes(handler):
+    return handler._settings.min_nodes
+
+
+def forming_round(handler):
+    """(participants, deadline pending) of the round being formed now, or None when no round is
+    forming (it is complete or closed)."""
+    st = current_state(handler)
+    if st.complete or st.closed:
+        return None
+    return len(st.participants), st.deadline is not None
+
+
+def _node(desc):
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    return dr._NodeDesc(str(desc[0]), int(desc[1]), int(desc[2]))
+
+
+def expedite(handler, required=()):
+    """Ends the last-call wait of the round being formed: torch waits last_call_timeout (30 s)
+    for more nodes once MIN have joined; when every node that can come has come, that is time
+    lost. Sets the round's deadline to now, so the next participant to sync completes it, if
+    every node in `required` (node_desc() lists) is a participant of the state it writes.
+    Returns True if this agent's write won (the backend's compare-and-set)."""
+    from datetime import datetime
+    holder = _fresh_holder(handler)
+    st = holder.state
+    if st.complete or st.closed or st.deadline is None:
+        return False
+    if not all(_node(d) in st.participants for d in required):
+        return False
+    tz = getattr(st.deadline, "tzinfo", None)  # naive UTC in torch 1.x, aware in 2.x
+    st.deadline = datetime.now(tz) if tz is not None else datetime.utcnow()
+    holder.mark_dirty()
+    return bool(holder.sync())
+
+
+def round_of(handler):
+    return state(handler).round
+
+
+class _LeaveOp:
+    """A rendezvous operation that removes the executor's node from the participants or the
+    wait list, whichever holds it."""
+
+    def __call__(self, ctx, deadline):
+        import time
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+        if time.monotonic() > deadline:
+            return dr._Action.ERROR_TIMEOUT
+        if ctx.node in ctx.state.participants:
+            return dr._Action.REMOVE_FROM_PARTICIPANTS
+        if ctx.node in ctx.state.wait_list:
+            return dr._Action.REMOVE_FROM_WAIT_LIST
+        if ctx.node in getattr(ctx.state, "redundancy_list", ()):  # torch 2.x: a spare
+            return dr._Action.REMOVE_FROM_REDUNDANCY_LIST
+        return dr._Action.FINISH
+
+
+def leave(handler, timeout_s=10.0):
+    """Removes this node from the rendezvous (participants or wait list) without closing it, so
+    that the others form the next round at once instead of waiting out our keep-alive."""
+    import time
+    handler._stop_heartbeats()
+    handler._op_executor.run(_LeaveOp(), time.monotonic() + timeout_s)
+
+
+def node_desc(handler):
+    """This agent's identity in the rendezvous, as JSON-able [fqdn, pid, local_id]."""
+    # Positional: the first field is `fqdn` in torch 1.x and `addr` in 2.x.
+    return list(dataclasses.astuple(handler._this_node))
+
+
+def _fresh_holder(handler):
+    """A state holder of our own, synced now (the handler's caches its state for a second)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    holder = dr._BackendRendezvousStateHolder(handler._state_holder._backend, handler._settings)
+    holder.sync()
+    return holder
+
+
+def current_state(handler):
+    """The shared rendezvous state as the backend holds it right now."""
+    return _fresh_holder(handler).state
+
+
+def evict(handler, desc, timeout_s=10.0):
+    """Removes another (dead) node, given by node_desc(), from the rendezvous, so that the
+    survivors form the next round now instead of after its keep-alive expires (torch keeps a
+    silent node for keep_alive_interval x keep_alive_max_attempt, 15 s). Runs on a state holder
+    of its own, so it is safe beside this agent's own rendezvous calls: the backend's
+    compare-and-set orders the writes. Returns True if the node was in the rendezvous."""
+    import time
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    node = _node(desc)
+    holder = _fresh_holder(handler)
+    st = holder.state
+    present = node in st.participants or node in st.wait_list or node in getattr(st, "redundancy_list", ())
+    if present:
+        dr._DistributedRendezvousOpExecutor(node, holder, handler._settings).run(_LeaveOp(),
+                                                                               time.monotonic() + timeout_s)
+    return present
+
+
+def store_port(handler):
+    store = base_store(handler)
+    return int(getattr(store, "port", 0) or 0)
+
+
+def serves_store(handler):
+    """Whether this process is the TCPStore server of the rendezvous (it listens on the store's
+    port): its exit would take the rendezvous down for every other node."""
+    import os
+    port = store_port(handler)
+    if port <= 0:
+        return False
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    cols = line.split()
+                    local, state, inode = cols[1], cols[3], cols[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port and inode in inodes:
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def rendezvous_over(handler):
+    """True once the rendezvous is closed (the job ended) or has nobody left in it."""
+    handler._state_holder.sync()
+    st = state(handler)
+    return st.closed or (not st.participants and not st.wait_list and not getattr(st, "redundancy_list", None))
+
+
+def others_alive(handler):
+    """Whether any other node has a keep-alive record in the rendezvous."""
+    st = state(handler)
+    return any(node != handler._this_node for node in st.last_heartbeats)
