@@ -5,6 +5,7 @@
 // eventfd that the dumping thread polls. Symbolization happens afterwards, on the caller.
 #include "rank/stack_dump.h"
 #include "trainsup/mutex.h"
+#include "trainsup/supervisor.h"
 
 #include <cxxabi.h>
 #include <dirent.h>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <exception>
 #include <sstream>
 
 namespace trainsup {
@@ -156,6 +158,43 @@ bool waitForAnswer(const Slot& slot, int fd, std::chrono::steady_clock::time_poi
 }
 
 }  // namespace
+
+namespace {
+
+std::terminate_handler g_previous_terminate = nullptr;
+
+void writeAll(const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(2, text.data() + done, text.size() - done);
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void reportTerminate() {
+  const int tid = currentTid();
+  std::string name = readFirstLine("/proc/self/task/" + std::to_string(tid) + "/comm");
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  std::string text = "trainsup: std::terminate on thread " + std::to_string(tid) + " '" + name + "' of pid " +
+                     std::to_string(getpid()) + "; its stack:\n";
+  for (int i = 1; i < n; ++i) text += "  #" + std::to_string(i - 1) + " " + symbolize(frames[i]) + "\n";
+  writeAll(text);
+  if (g_previous_terminate != nullptr) g_previous_terminate();
+  std::abort();
+}
+
+}  // namespace
+
+void installTerminateReporter() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* warm[4];
+    backtrace(warm, 4);  // loads libgcc_s now, not while terminating
+    g_previous_terminate = std::set_terminate(reportTerminate);
+  });
+}
 
 int stackDumpSignal() { return SIGRTMIN + 6; }
 

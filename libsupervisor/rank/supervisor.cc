@@ -17,6 +17,7 @@ Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config) {
 }
 
 Result<std::unique_ptr<Supervisor>> Supervisor::create(Config config, const SupervisorTestOptions& test_hooks) {
+  installTerminateReporter();
   if (config.identity.host.empty()) config.identity.host = osHostName();
   if (Status s = config.validate(); !s.isOk()) return s;
   auto impl = std::make_unique<Impl>();

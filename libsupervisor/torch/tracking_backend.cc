@@ -1,7 +1,9 @@
 // The torch-version-specific adapter: c10d::Backend as torch 2.x defines it.
 #include "trainsup/tracking_backend.h"
 
+#include <algorithm>
 #include <unordered_map>
+#include <vector>
 
 namespace trainsup {
 namespace {
@@ -25,7 +27,27 @@ struct ProcessGroupAccess : c10d::ProcessGroup {
   static DeviceMap c10d::ProcessGroup::*deviceMap() { return &ProcessGroupAccess::deviceTypeToBackend_; }
 };
 
+// Every wrapper trackProcessGroup() made, weakly: holdTrackedBackendsUntilExit() takes those alive.
+std::mutex& trackedMu() {
+  static auto* mu = new std::mutex();  // never destroyed: used at exit
+  return *mu;
+}
+std::vector<c10::weak_intrusive_ptr<c10d::Backend>>& tracked() {
+  static auto* list = new std::vector<c10::weak_intrusive_ptr<c10d::Backend>>();
+  return *list;
+}
+
 }  // namespace
+
+size_t holdTrackedBackendsUntilExit() {
+  static auto* held = new std::vector<c10::intrusive_ptr<c10d::Backend>>();  // leaked on purpose
+  std::lock_guard<std::mutex> lock(trackedMu());
+  for (auto& weak : tracked()) {
+    if (auto strong = weak.lock()) held->push_back(std::move(strong));
+  }
+  tracked().clear();
+  return held->size();
+}
 
 std::optional<bool> pollWork(c10d::Work& work, c10::ivalue::Future* cpu_future) {
   if (work.isCompleted()) return work.exception() == nullptr;
@@ -47,6 +69,10 @@ TrackingBackend::TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner, Collec
   setBoundDeviceId(inner_->getBoundDeviceId());
   pg_uid_ = inner_->getGroupUid();
   pg_desc_ = inner_->getGroupDesc();
+}
+
+void TrackingBackend::release_resources() {
+  c10::intrusive_ptr<c10d::Backend> gone = std::move(inner_);  // ~ProcessGroupGloo, if the last one
 }
 
 void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work) {
@@ -268,7 +294,13 @@ int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, Com
   for (auto& [type, backend] : devices) {
     if (!backend || dynamic_cast<TrackingBackend*>(backend.get())) continue;
     auto& wrapper = wrapped[backend.get()];
-    if (!wrapper) wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher, job_group);
+    if (!wrapper) {
+      wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher, job_group);
+      std::lock_guard<std::mutex> lock(trackedMu());
+      auto& list = tracked();
+      list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
+      list.emplace_back(wrapper);
+    }
     backend = wrapper;
     ++count;
   }

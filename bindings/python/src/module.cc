@@ -74,12 +74,28 @@ std::string dumpPythonStacks() {
   return text;
 }
 
+// Whether the interpreter is being torn down. A thread of ours must not take the GIL then: Python
+// ends any thread but the finalizing one that does (pthread_exit), and unwinding through a C++
+// destructor (noexcept) on the way ends the whole process with "terminate called without an
+// active exception" (issue 19). What such a thread would release is leaked instead.
+bool interpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return !Py_IsInitialized() || Py_IsFinalizing();
+#else
+  return !Py_IsInitialized() || _Py_IsFinalizing();
+#endif
+}
+
 // A CommitChannel over a Python object with set(key, str), get(key, timeout_s) -> str,
 // add(key, int) -> int and remove(key): trainsup.PyStoreChannel wraps a c10d store so.
 class PyChannel final : public CommitChannel {
  public:
   explicit PyChannel(py::object target) : target_(std::move(target)) {}
   ~PyChannel() override {
+    if (interpreterFinalizing()) {
+      target_.release();  // leaked: the process is ending
+      return;
+    }
     py::gil_scoped_acquire gil;
     target_ = py::object();
   }
@@ -103,6 +119,9 @@ class PyChannel final : public CommitChannel {
  private:
   template <class F>
   Status call(const char* op, const std::string& key, F&& f) {
+    if (interpreterFinalizing()) {
+      return Status::unavailable(std::string("store ") + op + " '" + key + "': the Python interpreter is shutting down");
+    }
     py::gil_scoped_acquire gil;
     try {
       f();
@@ -476,6 +495,11 @@ void bindRank(py::module_& m) {
         // forever (a stuck thread may hold it): a helper thread takes the GIL and runs the
         // callback; we wait for it at most 1 s and move on.
         std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
+          if (interpreterFinalizing()) {
+            f->release();  // leaked: see interpreterFinalizing()
+            delete f;
+            return;
+          }
           py::gil_scoped_acquire gil;
           delete f;
         });
@@ -483,6 +507,10 @@ void bindRank(py::module_& m) {
           auto done = std::make_shared<std::promise<std::string>>();
           auto result = done->get_future();
           std::thread([held, done, section = r.section, step = r.step] {
+            if (interpreterFinalizing()) {
+              done->set_value("not run: the Python interpreter is shutting down");
+              return;
+            }
             py::gil_scoped_acquire gil;
             std::string error;
             try {
@@ -524,6 +552,7 @@ void bindRank(py::module_& m) {
 
 PYBIND11_MODULE(_trainsup, m) {
   m.doc() = "trainsup C++ core (use the `trainsup` package)";
+  installTerminateReporter();  // a process that imports trainsup and terminates says where
   // One function per layer of libsupervisor (docs/architecture.md), in layer order.
   bindBase(m);
   bindDevice(m);

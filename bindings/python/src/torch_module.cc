@@ -40,6 +40,10 @@ PYBIND11_MODULE(_trainsup_torch, m) {
       "Puts the tracking wrapper in front of each device type's backend of `group`; returns how "
       "many it wrapped now (0 when already tracked). job_group: the job's (default) group, whose "
       "collectives the coordinator matches across ranks; False for a subgroup.");
+  m.def("hold_tracked_backends_until_exit", &trainsup::holdTrackedBackendsUntilExit,
+        py::call_guard<py::gil_scoped_release>(),
+        "At interpreter exit: keeps the tracked backends alive until the process ends, so that none "
+        "is destroyed (joining gloo's threads) while the interpreter is torn down.");
   // Store.compare_set of some torch versions' Python binding builds its bytes result with the
   // GIL released, which corrupts the interpreter when other Python threads run (seen as
   // segfaults in the launcher's agents on torch 1.13). This one holds the GIL for everything

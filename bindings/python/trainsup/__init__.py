@@ -288,3 +288,9 @@ def _close_all() -> None:
         sup.close()
     # No collective-completion polling while the interpreter and torch are torn down.
     _trainsup.stop_completion_watcher()
+    # Nor a process group destroyed then: it would join gloo's threads with the GIL released,
+    # during Py_FinalizeEx (issue 19). The tracked backends live until the process ends.
+    import sys
+    torch_ext = sys.modules.get(__name__ + "._trainsup_torch")
+    if torch_ext is not None:
+        torch_ext.hold_tracked_backends_until_exit()

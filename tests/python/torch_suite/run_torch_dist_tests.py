@@ -37,7 +37,14 @@ if ROUTED:
 
     def _destroy(group=None):
         if group is None and dist.is_initialized():
+            import time
             import torch
+            # The test's works have completed; the tracker hears of it from the completion
+            # watcher's next poll (works without a future, such as gloo's point-to-point ones,
+            # are polled every millisecond): on a loaded machine that can be after this call.
+            deadline = time.monotonic() + 10
+            while trainsup.collective_stats()["pending"] and time.monotonic() < deadline:
+                time.sleep(0.001)
             backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
             os.makedirs(STATS_DIR, exist_ok=True)
             stats = dict(trainsup.collective_stats(), wrapped=type(backend).__name__,

@@ -153,4 +153,12 @@ class TRAINSUP_EXPORT Supervisor {
   std::unique_ptr<Impl> impl_;
 };
 
+// Makes std::terminate say where it happened: the terminating thread's id, name and native
+// stack go to stderr (raw writes) before the handler that was installed before runs (the
+// default prints "terminate called ..." and aborts). A joinable std::thread destroyed, an
+// exception escaping a noexcept function, a thread ended by the interpreter's finalization
+// inside a destructor: all end with that one line and nothing else otherwise. Called by
+// Supervisor::create and when the Python module loads; idempotent; any thread.
+TRAINSUP_EXPORT void installTerminateReporter();
+
 }  // namespace trainsup

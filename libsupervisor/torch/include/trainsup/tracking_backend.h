@@ -50,6 +50,11 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
 
   const c10::intrusive_ptr<c10d::Backend>& inner() const { return inner_; }
 
+  // The last strong reference went while a weak one is still held (the exit registry of
+  // holdTrackedBackendsUntilExit): c10 then defers the destructor, so the real backend is let
+  // go here, when the destructor would have (c10::intrusive_ptr calls it).
+  void release_resources() override;
+
   // --- forwarded as they are ---
   const std::string getBackendName() const override;
   c10::intrusive_ptr<Options> getBackendOptions() override;
@@ -127,7 +132,7 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> track(CollectiveOp op, uint64_t bytes, F&& call, bool p2p = false);
   void watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
 
-  const c10::intrusive_ptr<c10d::Backend> inner_;  // set at construction
+  c10::intrusive_ptr<c10d::Backend> inner_;  // set at construction; reset by release_resources()
   CollectiveTracker& tracker_;
   CompletionWatcher& watcher_;
   const bool job_group_;            // set at construction: this group's collectives are matched
@@ -146,6 +151,15 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
 TRAINSUP_EXPORT int trackProcessGroup(c10d::ProcessGroup& group,
                                       CollectiveTracker& tracker = CollectiveTracker::global(),
                                       CompletionWatcher& watcher = CompletionWatcher::global(), bool job_group = true);
+
+// At interpreter exit (trainsup's atexit handler, before the interpreter is torn down): keeps
+// every backend trackProcessGroup() wrapped that is still alive, and the real backend behind
+// it, alive until the process ends (leaked on purpose). Destroyed while the interpreter is
+// finalizing, a ProcessGroupGloo joins its worker threads with the GIL released by the
+// destructor's caller, and any thread that takes the GIL then is ended by Python (pthread_exit)
+// and, inside a C++ destructor, ends the process ("terminate called without an active
+// exception"). Returns how many were held. Thread-safe; idempotent.
+TRAINSUP_EXPORT size_t holdTrackedBackendsUntilExit();
 
 // Polls a c10d work for the CompletionWatcher: nullopt while it runs, else whether it succeeded.
 // `cpu_future` is the work's future when it is a CPU one (gloo: complete at true completion,
