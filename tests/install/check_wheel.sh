@@ -27,7 +27,8 @@ fi
 "$py" - "$whl" <<'PY'
 import sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
-need = ["trainsup/__init__.py", "trainsup/_build_info.py", "trainsup/run.py", "trainsup/include/trainsup/supervisor.h",
+need = ["trainsup/__init__.py", "trainsup/_build_info.py", "trainsup/run.py", "trainsup/launch/launcher.py",
+        "trainsup/launch/run.py", "trainsup/tools/cli.py", "trainsup/tools/report.py", "trainsup/include/trainsup/supervisor.h",
         "trainsup/include/trainsup/tracking_backend.h", "trainsup/include/trainsup/coordinator.h",
         "trainsup/lib/cmake/trainsup/trainsupConfig.cmake"]
 prefixes = ["trainsup/_trainsup.cpython", "trainsup/_trainsup_torch.cpython", "trainsup/lib/libtrainsup.so", "trainsup/lib/libtrainsup_agent.so",
