@@ -268,3 +268,14 @@ def test_each_agents_store_load_is_the_same_at_16_and_at_64_hosts():
           f"(x{large / small:.2f}); the job's store at 64: {large * 64:.0f}/s")
     assert large <= small * 1.05, (small, large)
     assert large <= 1 + 1 + 1 + 2 + 8 + 0.5, large  # keep-alive, own, count, 2 watched, 8 witnesses
+
+
+def test_an_agent_that_leaves_ends_its_threads_before_it_returns():
+    """A thread left inside a store call (run without the GIL) when the interpreter exits would
+    take the GIL back during finalization and be ended by Python inside C++ code: the agent of a
+    job that succeeded would abort at its very end. left() and stop() join them (bounded)."""
+    store = dist.HashStore()
+    a = HostLiveness(store, "run", "host-a", ["a", 1, 0], lambda *args: None, interval_s=0.05, timeout_s=1.0)
+    assert all(t.is_alive() for t in a._threads) and len(a._threads) == 2
+    a.left()
+    assert not any(t.is_alive() for t in a._threads)

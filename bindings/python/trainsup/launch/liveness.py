@@ -59,7 +59,15 @@ from typing import Any, Deque, List, Optional, Tuple
 from .. import names
 from .store import peek
 
-__all__ = ["HostLiveness"]
+__all__ = ["HostLiveness", "join_threads"]
+
+
+def join_threads(threads, timeout_s):
+    """Joins `threads` (but the calling one), all of them within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        if t is not threading.current_thread() and t.is_alive():
+            t.join(max(0.0, deadline - time.monotonic()))
 
 
 class HostLiveness:
@@ -204,9 +212,18 @@ class HostLiveness:
                     self._publish_slow()
         except Exception:
             pass  # the store is gone with the job
+        self._join()
 
     def stop(self):
         self._stop.set()
+        self._join()
+
+    def _join(self, timeout_s=2.0):
+        """Waits (bounded) for the threads to end: one left inside a store call (which runs
+        without the GIL) while the interpreter exits would take the GIL back after Python began
+        tearing down, and be ended inside a C++ destructor, aborting the agent at the very end
+        of a job that succeeded."""
+        join_threads(self._threads, timeout_s)
 
     def isolated_from(self, host):
         """True when some agent other than `host` is known and none of them was heard within

@@ -19,6 +19,7 @@ import threading
 
 from .. import names
 from .node_services import publish_verdict, rank_table
+from .liveness import join_threads
 from .store import first_set
 
 __all__ = ["VerdictWatch", "QUARANTINE_KINDS"]
@@ -53,7 +54,10 @@ class VerdictWatch:
         self._thread.start()
 
     def stop(self):
+        """Ends the watch thread and waits (bounded) for it (liveness.join_threads says why)."""
         self._stop.set()
+        if self._thread is not None:
+            join_threads([self._thread], 2.0)
 
     # --- the coordinator's verdicts ---
     def vet(self, v):
