@@ -170,3 +170,20 @@ def test_a_verdict_the_store_refuses_is_published_when_it_answers_again(tmp_path
         assert [e["attempts"] for e in events if e["event"] == "verdict_published"] == [4], events
     finally:
         a.close()
+
+
+def test_a_verdict_reached_just_before_the_round_ends_is_published_when_the_agent_moves_on(tmp_path):
+    """The ranks exit on the coordinator's own abort order at once; an agent that restarted
+    before the next 0.2 s tick closed its coordinator with the verdict in it. The other agents
+    then took the office over and named this host's ranks, gone, as silent: the healthy host
+    was quarantined (the demo did so once)."""
+    store = dist.HashStore()
+    a = NodeServices(store, "svc4", "host-a", 2, str(tmp_path / "a"))
+    a._stop.set()
+    a._thread.join()  # no tick left before the round ends
+    verdict = {"kind": "silent_rank", "ranks": [1], "hosts": ["host-b"], "gpus": [""], "section": "step",
+               "evidence": "no telemetry from rank 1 for 5.0 s"}
+    a.coordinator = _OneVerdict(a.coordinator, verdict)
+    a.close()
+    published = json.loads(peek(store, "trainsup/telemetry/svc4/verdict"))
+    assert published["hosts"] == ["host-b"] and published["kind"] == "silent_rank"

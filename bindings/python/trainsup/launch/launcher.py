@@ -148,6 +148,11 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         return waiting
 
     def next_rendezvous(self):
+        if self.services is not None:
+            # The round ended, perhaps on our coordinator's own abort order moments ago: its
+            # verdict goes to the store and is acted on now, before the services close.
+            self.services.flush()
+            self.watch.act_now()
         joined = self._membership_change()
         self._follow_give_up()
         if self.round is not None and not joined:

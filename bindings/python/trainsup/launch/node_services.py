@@ -99,6 +99,7 @@ class NodeServices:
         self._publish_failures = 0
         self._published_verdict = False
         self._lock = threading.Lock()
+        self._tick_lock = threading.Lock()  # one pass at a time: the thread's tick, or flush()
         self._stop = threading.Event()
         self._disconnected_since: Optional[float] = None
         self._mine = ""
@@ -210,11 +211,24 @@ class NodeServices:
                 self.store.set(telemetry_key(self.job_id, "ranks"), text)
                 self._last_table = text
 
+    def flush(self) -> None:
+        """Publishes now what our coordinator concluded and the 0.2 s tick has not published
+        yet. The agent calls it when the round ends: the ranks exit on the coordinator's own
+        abort order at once, and an agent that restarted before the next tick closed the
+        coordinator with the verdict still in it; the other agents then took the office over
+        and named this host's ranks for their silence (a healthy host quarantined)."""
+        with self._tick_lock:
+            try:
+                self._publish()
+            except Exception as e:  # said by _publish when the store refused; the tick retries
+                self._last_error = e
+
     def _run(self) -> None:
         failing = False
         while not self._stop.wait(0.2):
             try:
-                self._tick()
+                with self._tick_lock:
+                    self._tick()
                 failing = False
             except Exception as e:  # the store may be gone for a moment; try again next tick
                 self._last_error = e
@@ -281,6 +295,7 @@ class NodeServices:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.flush()  # a verdict our coordinator reached since the last tick goes out, not down with it
         self.monitor.stop()
         if self.coordinator is not None:
             self.coordinator.stop()

@@ -47,6 +47,7 @@ class VerdictWatch:
         self._lost_lock = threading.Lock()
         self._round_hosts = None  # (round, its hosts), for slow_hosts
         self._stop = threading.Event()
+        self._act_lock = threading.Lock()  # one pass at a time: the thread's, or act_now()
         self._thread = None
 
     def start(self):
@@ -157,12 +158,22 @@ class VerdictWatch:
                 a.evict(host, desc)
 
     # --- the watch thread ---
+    def act_now(self):
+        """One pass now, on the calling thread (the agent, when its round ends): the round's
+        verdict is acted on before the round's services go, whatever the watch thread's timing."""
+        try:
+            with self._act_lock:
+                self._once()
+        except Exception as e:
+            self.agent.events.write("agent_watch_error", error=f"{type(e).__name__}: {e}")
+
     def _loop(self):
         """Acts on the round's first verdict. Nothing that goes wrong in one pass may end the
         thread: an agent that stopped watching would never leave when its own host is named."""
         while not self._stop.wait(0.2):
             try:
-                self._once()
+                with self._act_lock:
+                    self._once()
             except Exception as e:
                 self.agent.events.write("agent_watch_error", error=f"{type(e).__name__}: {e}")  # never raises
 
