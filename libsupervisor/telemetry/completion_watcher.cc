@@ -1,7 +1,9 @@
 #include "trainsup/completion_watcher.h"
 #include "trainsup/mutex.h"
 
+#include <chrono>
 #include <exception>
+#include <thread>
 #include <utility>
 
 namespace trainsup {
@@ -21,10 +23,10 @@ void CompletionWatcher::ensureThreadLocked() {
   if (threaded_ && !thread_.joinable() && !stopping_) thread_ = std::thread([this] { run(); });
 }
 
-void CompletionWatcher::watch(uint64_t seq, Poll poll) {
+void CompletionWatcher::watch(uint64_t seq, Poll poll, Releasable releasable) {
   {
     MutexLock lock(mu_);
-    incoming_.push_back(Entry{seq, std::move(poll)});
+    incoming_.push_back(Entry{seq, std::move(poll), std::move(releasable)});
     ensureThreadLocked();
   }
   cv_.notifyOne();
@@ -58,17 +60,68 @@ size_t CompletionWatcher::pollOnce() {
     if (outcome) {
       tracker_.end(active_[i].seq, *outcome);
       ++ended;
+      if (active_[i].releasable) retiring_.push_back(std::move(active_[i]));  // checked below
     } else {
       if (kept != i) active_[kept] = std::move(active_[i]);
       ++kept;
     }
   }
-  active_.resize(kept);  // ended entries (and the works they hold) are released here
+  active_.resize(kept);  // ended entries (and the works they hold) are released here...
+  const size_t retiring = releaseRetiredLocked();  // ...or once nobody else holds them
   {
     MutexLock lock(mu_);
     polling_ = kept;
+    retiring_count_ = retiring;
   }
   return ended;
+}
+
+size_t CompletionWatcher::releaseRetiredLocked() {
+  size_t kept = 0;
+  for (size_t i = 0; i < retiring_.size(); ++i) {
+    bool releasable = true;
+    try {
+      releasable = retiring_[i].releasable();
+    } catch (const std::exception&) {
+      releasable = false;  // cannot tell: keep it
+    }
+    if (releasable) continue;
+    if (kept != i) retiring_[kept] = std::move(retiring_[i]);
+    ++kept;
+  }
+  retiring_.resize(kept);
+  return kept;
+}
+
+size_t CompletionWatcher::retiring() const {
+  MutexLock lock(mu_);
+  return retiring_count_;
+}
+
+size_t CompletionWatcher::releaseAtExit(std::chrono::milliseconds wait) {
+  stop();
+  // Kept for the life of the process: released by nobody, so by no thread during finalization.
+  static auto* kept_forever = new std::vector<Entry>();
+  MutexLock poll_lock(poll_mu_);
+  // The owners left are backend threads finishing their iteration (microseconds): poll, with a
+  // bound, for them to let go; nothing notifies when a reference count drops.
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (releaseRetiredLocked() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::vector<Entry> incoming;
+  {
+    MutexLock lock(mu_);
+    incoming.swap(incoming_);
+    polling_ = 0;
+    retiring_count_ = 0;
+  }
+  const size_t n = retiring_.size() + active_.size() + incoming.size();
+  for (auto* list : {&retiring_, &active_, &incoming}) {
+    for (auto& e : *list) kept_forever->push_back(std::move(e));
+    list->clear();
+  }
+  return n;
 }
 
 size_t CompletionWatcher::pending() const {
@@ -79,7 +132,7 @@ size_t CompletionWatcher::pending() const {
 void CompletionWatcher::run() {
   MutexLock lock(mu_);
   while (!stopping_) {
-    if (incoming_.empty() && polling_ == 0) {
+    if (incoming_.empty() && polling_ == 0 && retiring_count_ == 0) {
       cv_.wait(mu_, [&] { mu_.assertHeld(); return stopping_ || !incoming_.empty(); });
     } else {
       cv_.waitFor(mu_, interval_, [&] { mu_.assertHeld(); return stopping_ || nudged_; });

@@ -2,6 +2,7 @@
 #include "trainsup/tracking_backend.h"
 
 #include <algorithm>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -89,7 +90,19 @@ void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Wor
   } catch (const c10::Error&) {
     // a work without a future: the interval poll of the work alone sees it finish
   }
-  watcher_.watch(seq, [work, cpu_future]() { return pollWork(*work, cpu_future.get()); });
+  // Released by the watcher only once nobody else holds the work: not gloo's worker, which
+  // keeps its reference a moment past completion and must not be the last owner while the
+  // interpreter exits (completion_watcher.h).
+  struct Held {
+    c10::intrusive_ptr<c10d::Work> work;
+    c10::intrusive_ptr<c10::ivalue::Future> cpu_future;
+  };
+  auto held = std::make_shared<Held>(Held{work, cpu_future});
+  const Held* h = held.get();  // lives as long as the entry's poll, which owns `held`
+  watcher_.watch(
+      seq, [held]() { return pollWork(*held->work, held->cpu_future.get()); },
+      // The work's own reference to its future, and ours.
+      [h]() { return h->work.use_count() == 1 && (!h->cpu_future || h->cpu_future.use_count() <= 2); });
   if (cpu_future) {
     CompletionWatcher* watcher = &watcher_;
     cpu_future->addCallback([watcher](c10::ivalue::Future&) { watcher->nudge(); });

@@ -118,5 +118,62 @@ TEST(CompletionWatcherTest, ThreadEndsFinishedWorksAndKeepsRunningOnesPending) {
   EXPECT_EQ(watcher.pending(), 1u);
 }
 
+// At interpreter exit the last owner of a work must not be a backend thread (gloo's worker keeps
+// its reference a moment past completion; if it drops the last one while Python finalizes, the
+// process aborts). The watcher keeps an ended work until it is the only owner.
+TEST(CompletionWatcherTest, EndedWorkIsReleasedOnlyOnceNobodyElseHoldsIt) {
+  CollectiveTracker tracker;
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
+  auto work = std::make_shared<int>(7);
+  std::shared_ptr<int> worker_ref = work;  // the backend's worker, still finishing its iteration
+  std::weak_ptr<int> alive = work;
+  const uint64_t seq = tracker.begin(CollectiveOp::kAllreduce, 64);
+  watcher.watch(
+      seq, [work]() -> std::optional<bool> { return true; },
+      [alive]() { return alive.use_count() == 1; });  // the entry's copy is the only one
+  work.reset();  // the user let go: only the entry and the worker hold it
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 1u);
+  EXPECT_GT(recordOf(tracker, seq).exit_ns, 0) << "the record ends when the work does";
+  EXPECT_EQ(watcher.retiring(), 1u) << "kept while the worker still holds the work";
+  EXPECT_EQ(alive.use_count(), 2);
+  worker_ref.reset();  // the worker's iteration ends: not the last owner
+  EXPECT_FALSE(alive.expired());
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 0u);
+  EXPECT_TRUE(alive.expired()) << "released by the watcher once it was the only owner";
+  EXPECT_EQ(watcher.retiring(), 0u);
+}
+
+TEST(CompletionWatcherTest, ReleaseAtExitKeepsWhatAnotherThreadStillHolds) {
+  CollectiveTracker tracker;
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
+  auto make = [&](std::shared_ptr<int>& outside, std::weak_ptr<int>& alive, bool ends) {
+    auto w = std::make_shared<int>(1);
+    outside = w;
+    alive = w;
+    std::weak_ptr<int> probe = w;
+    watcher.watch(
+        tracker.begin(CollectiveOp::kAllreduce, 8),
+        [w, ends]() -> std::optional<bool> { return ends ? std::optional<bool>(true) : std::nullopt; },
+        [probe]() { return probe.use_count() == 1; });
+  };
+  std::shared_ptr<int> released_worker, stuck_worker, running_user;
+  std::weak_ptr<int> released, stuck, running;
+  make(released_worker, released, true);
+  make(stuck_worker, stuck, true);
+  make(running_user, running, false);
+  EXPECT_EQ(TelemetryTesting::pollOnce(watcher), 2u);
+  EXPECT_EQ(watcher.retiring(), 2u);
+  released_worker.reset();  // this worker let go before exit
+  EXPECT_EQ(watcher.releaseAtExit(std::chrono::milliseconds(20)), 2u)
+      << "the work still held by a worker and the one still running are kept";
+  EXPECT_TRUE(released.expired()) << "released on the exiting thread";
+  stuck_worker.reset();   // the worker's release is not the last: the watcher keeps one
+  running_user.reset();
+  EXPECT_FALSE(stuck.expired());
+  EXPECT_FALSE(running.expired());
+}
+
 }  // namespace
 }  // namespace trainsup

@@ -13,6 +13,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <future>
 #include <optional>
 #include <thread>
@@ -431,6 +433,16 @@ void bindTelemetry(py::module_& m) {
   m.def("stop_completion_watcher", [] { CompletionWatcher::global().stop(); },
         py::call_guard<py::gil_scoped_release>(),
         "Stops polling collectives for completion (at interpreter exit); records in flight stay pending.");
+  m.def("release_completion_watcher_at_exit",
+        [](double wait_s) {
+          return CompletionWatcher::global().releaseAtExit(
+              std::chrono::milliseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1000)));
+        },
+        py::arg("wait_s") = 1.0, py::call_guard<py::gil_scoped_release>(),
+        "At interpreter exit, before finalization: stops polling, waits up to wait_s for backend threads "
+        "to let go of the works it keeps, releases those here and keeps the rest until the process ends "
+        "(so that no backend thread drops the last reference to a Python tensor while Python finalizes). "
+        "Returns how many it kept.");
   m.def("recent_collectives", [](size_t n) {
     py::list out;
     for (const auto& r : CollectiveTracker::global().recent(n)) {

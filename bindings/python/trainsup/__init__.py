@@ -286,8 +286,10 @@ def _abort_torch_distributed(section: str, step: int) -> None:
 def _close_all() -> None:
     for sup in list(_live):
         sup.close()
-    # No collective-completion polling while the interpreter and torch are torn down.
-    _trainsup.stop_completion_watcher()
+    # No collective-completion polling while the interpreter and torch are torn down, and no
+    # backend thread left as the last owner of a work: gloo's worker would decref the work's
+    # Python tensors during Py_FinalizeEx and abort the process (issue 19).
+    _trainsup.release_completion_watcher_at_exit(1.0)
     # Nor a process group destroyed then: it would join gloo's threads with the GIL released,
     # during Py_FinalizeEx (issue 19). The tracked backends live until the process ends.
     import sys
