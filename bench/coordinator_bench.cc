@@ -100,7 +100,7 @@ Phase run(int ranks, double seconds) {
         m.type = trainsup::WireType::kCollectives;
         for (int r = n * kRanksPerNode; r < std::min(ranks, (n + 1) * kRanksPerNode); ++r) {
           int64_t wait = 1'000'000 + static_cast<int64_t>(rng() % 3'000'000);  // 1-4 ms, no one always last
-          m.collectives.push_back({r, seq, static_cast<uint8_t>(trainsup::CollectiveOp::kAllreduce), 1 << 20,
+          m.collectives.push_back({r, 0, seq, -1, static_cast<uint8_t>(trainsup::CollectiveOp::kAllreduce), 1 << 20,
                                    clock_ns, clock_ns + wait});
         }
         batch += trainsup::encodeFrame(m, token());

@@ -21,7 +21,7 @@ inline std::vector<std::string> telemetryFrameSeeds() {
   auto add = [&](const WireMessage& m, char chunk) { seeds.push_back(std::string(1, chunk) + encodeFrame(m, token)); };
   WireMessage c;
   c.type = WireType::kCollectives;
-  for (int i = 0; i < 3; ++i) c.collectives.push_back({i, 40u + i, 1, 4096, 1000 + i, i == 2 ? 0 : 2000 + i});
+  for (int i = 0; i < 3; ++i) c.collectives.push_back({i, 0, 40u + i, -1, 1, 4096, 1000 + i, i == 2 ? 0 : 2000 + i});
   add(c, 63);
   WireMessage h;
   h.type = WireType::kHeartbeat;

@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   o.port = static_cast<uint16_t>(port);
   auto c = trainsup::Coordinator::start(ranks, *token, o, d, [](const trainsup::Verdict& v) {
     nlohmann::json j = {{"event", "verdict"}, {"kind", trainsup::verdictKindName(v.kind)}, {"ranks", v.ranks},
-                        {"hosts", v.hosts}, {"local_ranks", v.local_ranks}, {"gpus", v.gpus}, {"seq", v.seq}, {"op", v.op}, {"section", v.section}, {"step", v.step},
+                        {"hosts", v.hosts}, {"local_ranks", v.local_ranks}, {"gpus", v.gpus}, {"seq", v.seq}, {"op", v.op}, {"group", v.group}, {"other_op", v.other_op}, {"section", v.section}, {"step", v.step},
                         {"evidence", v.evidence}};
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
@@ -71,5 +71,18 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   trainsup::tools::waitForEnd();
   (*c)->stop();
+  // What it received, for whoever reads its output (tests, operators): the last line.
+  const auto k = (*c)->counters();
+  std::printf("%s\n", nlohmann::json({{"event", "stopped"},
+                                      {"connections", k.connections},
+                                      {"frames", k.frames},
+                                      {"records", k.records},
+                                      {"dropped_frames", k.dropped_frames},
+                                      {"verdicts", k.verdicts},
+                                      {"unknown_group_records", k.unknown_group_records},
+                                      {"bad_group_claims", k.bad_group_claims}})
+                          .dump()
+                          .c_str());
+  std::fflush(stdout);
   return 0;
 }

@@ -125,12 +125,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
           if (h.rank >= 0 && static_cast<size_t>(h.rank) < o.known.size()) mergeRankInfo(o.known[h.rank], info);
         }
       }
+      // Group claims before records: a rank's first frames name its groups.
+      for (const auto& g : m.groups) {
+        if (foreign(g.rank)) continue;
+        o.detector->onGroup(g.rank, g.group, g.group_rank, g.group_size, g.desc);
+      }
       for (const auto& c : m.collectives) {
         if (foreign(c.rank)) continue;
         ranks_.insert(c.rank);
         auto op = c.op < kCollectiveOpCount ? static_cast<CollectiveOp>(c.op) : CollectiveOp::kOther;
-        o.detector->onEnter(c.rank, c.seq, op, c.bytes, now);
-        if (c.exit_ns > 0) o.detector->onExit(c.rank, c.seq, c.exit_ns - c.enter_ns, now);
+        o.detector->onEnter(c.rank, c.group, c.seq, c.peer, op, c.bytes, now);
+        if (c.exit_ns > 0) o.detector->onExit(c.rank, c.group, c.seq, c.peer, op, c.exit_ns - c.enter_ns, now);
       }
       for (const auto& h : m.heartbeats) {
         if (foreign(h.rank)) continue;
@@ -162,9 +167,15 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
       }
       o.count(&Coordinator::Counters::records, m.collectives.size() + m.heartbeats.size() + m.stalls.size() +
-                                                   m.hellos.size() + m.gones.size());
+                                                   m.hellos.size() + m.gones.size() + m.groups.size());
     }
     if (conflicting > 0) o.count(&Coordinator::Counters::conflicting_records, conflicting);
+    {
+      const auto& dc = o.detector->counters();
+      MutexLock lock(o.counters_mu);
+      o.counters.unknown_group_records = dc.unknown_group;
+      o.counters.bad_group_claims = dc.bad_claims;
+    }
   }
   void closed() {
     const int64_t now = nowNs();

@@ -40,6 +40,7 @@ const char* verdictKindName(VerdictKind kind) {
     case VerdictKind::kStraggler: return "straggler";
     case VerdictKind::kFailedRank: return "failed_rank";
     case VerdictKind::kStoppedRank: return "stopped_rank";
+    case VerdictKind::kDesync: return "desync";
   }
   return "?";
 }
@@ -64,7 +65,7 @@ Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
       straggler_reported_(world_, false) {}
 
 Verdict Detector::make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq,
-                       const std::string& op) const {
+                       const std::string& op, uint64_t group) const {
   Verdict v;
   v.kind = kind;
   for (int r : ranks) {
@@ -80,8 +81,95 @@ Verdict Detector::make(VerdictKind kind, std::vector<int> ranks, std::string evi
   v.ranks = std::move(ranks);
   v.seq = seq;
   v.op = op;
+  if (group != 0) v.group = groupName(group);
   v.evidence = std::move(evidence);
   return v;
+}
+
+std::string Detector::groupName(uint64_t group) const {
+  if (group == 0) return "world";
+  auto it = groups_.find(group);
+  if (it != groups_.end() && !it->second.desc.empty()) return it->second.desc;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "group %016llx", static_cast<unsigned long long>(group));
+  return buf;
+}
+
+std::string Detector::describe(const OpKey& key, const Pending& p) const {
+  std::string s = std::string(collectiveOpName(p.op)) + " #" + std::to_string(key.seq);
+  if (key.src >= 0) s += " (rank " + std::to_string(key.src) + " -> " + std::to_string(key.dst) + ")";
+  return s + " of group '" + groupName(key.group) + "'";
+}
+
+void Detector::onGroup(int rank, uint64_t group, int group_rank, int group_size, const std::string& desc) {
+  if (rank < 0 || rank >= world_ || group == 0 || group_size <= 0 || group_size > world_ || group_rank < 0 ||
+      group_rank >= group_size) {
+    ++counters_.bad_claims;
+    return;
+  }
+  Group& g = groups_[group];
+  if (g.size == 0) {
+    g.size = group_size;
+    g.desc = desc;
+    g.members.assign(group_size, -1);
+  }
+  const int holder = g.members[group_rank];
+  auto known = g.group_rank_of.find(rank);
+  if (g.size != group_size || (holder >= 0 && holder != rank) ||
+      (known != g.group_rank_of.end() && known->second != group_rank)) {
+    ++counters_.bad_claims;  // contradicts the claims already made: keep those
+    return;
+  }
+  g.members[group_rank] = rank;
+  g.group_rank_of[rank] = group_rank;
+  if (g.desc.empty()) g.desc = desc;
+}
+
+Detector::Group* Detector::findGroup(uint64_t group) {
+  auto it = groups_.find(group);
+  return it == groups_.end() ? nullptr : &it->second;
+}
+
+Detector::Pending* Detector::pendingFor(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int* slot,
+                                        OpKey* key_out) {
+  OpKey key;
+  key.group = group;
+  key.seq = seq;
+  std::vector<int> members;
+  if (isPointToPoint(op)) {
+    if (peer < 0 || peer >= world_ || peer == rank || (group != 0 && findGroup(group) == nullptr)) {
+      ++counters_.unknown_group;
+      return nullptr;
+    }
+    key.src = op == CollectiveOp::kSend ? rank : peer;
+    key.dst = op == CollectiveOp::kSend ? peer : rank;
+    *slot = op == CollectiveOp::kSend ? 0 : 1;
+    members = {key.src, key.dst};
+  } else if (group == 0) {
+    *slot = rank;
+    members.resize(world_);
+    for (int r = 0; r < world_; ++r) members[r] = r;
+  } else {
+    Group* g = findGroup(group);
+    auto it = g == nullptr ? std::map<int, int>::iterator() : g->group_rank_of.find(rank);
+    if (g == nullptr || it == g->group_rank_of.end()) {
+      ++counters_.unknown_group;
+      return nullptr;
+    }
+    *slot = it->second;
+    members = g->members;
+  }
+  if (key_out != nullptr) *key_out = key;
+  Pending& p = pending_[key];
+  if (p.entered.empty()) {
+    const size_t n = members.size();
+    p.members = std::move(members);
+    p.entered.assign(n, false);
+    p.wait_ns.assign(n, -1);
+    p.ops.assign(n, CollectiveOp::kOther);
+    p.bytes_of.assign(n, 0);
+  }
+  return &p;
 }
 
 void Detector::onHeartbeat(int rank, int64_t now_ns) {
@@ -187,6 +275,41 @@ bool Detector::onSlowHost(int rank) const {
 void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
   if (rank < 0 || rank >= world_) return;
   onHeartbeat(rank, now_ns);
+  // A rank over its step budget while it waits in a collective: the one it waits for is the
+  // fault, not the waiting rank (issue 20: a healthy rank waiting in dp outlasted its budget and
+  // its host was quarantined).
+  for (auto& [key, p] : waitingIn(rank)) {
+    std::vector<int> missing;
+    for (size_t i = 0; i < p->members.size(); ++i) {
+      if (!p->entered[i]) missing.push_back(p->members[i]);
+    }
+    if (missing.empty()) return;  // inside a collective every member entered: judged by its budget
+    if (p->reported) return;      // judged already
+    OpKey k = key;
+    Chain c = resolve(k, *p, missing);
+    for (Pending* link : c.links) link->reported = true;
+    if (c.judged) return;  // the chain ends in a fault named already
+    const std::string why = "rank " + std::to_string(rank) + " reports section '" + section + "' (step " +
+                            std::to_string(step) + ") over its budget while it waits in " + describe(k, *p);
+    if (!c.cycle.empty()) {
+      queued_.push_back(make(VerdictKind::kDesync, c.cycle,
+                             why + ": ranks " + listRanks(c.cycle) +
+                                 " wait for each other in different collectives (issued in different orders): " + c.path,
+                             k.seq, collectiveOpName(p->op), k.group));
+      return;
+    }
+    std::vector<int> named;
+    for (int r : c.roots) {
+      if (r >= 0) named.push_back(r);
+    }
+    std::string evidence = why + ": " +
+                           (c.at == p ? "rank(s) " + listRanks(named) + " never entered it" : c.path) + " (" +
+                           describe(c.key, *c.at) + ": " + std::to_string(c.at->entered_count) + " of " +
+                           std::to_string(c.at->members.size()) + " entered)";
+    if (!named.empty()) evidence += whereIs(named.front());
+    queued_.push_back(make(VerdictKind::kHungRank, named, evidence, c.key.seq, collectiveOpName(c.at->op), c.key.group));
+    return;
+  }
   Verdict v = make(VerdictKind::kStalledRank, {rank},
                    "rank " + std::to_string(rank) + " reports section '" + section + "' (step " +
                        std::to_string(step) + ") over its budget, outside any collective");
@@ -195,55 +318,104 @@ void Detector::onRankStalled(int rank, const std::string& section, int64_t step,
   queued_.push_back(std::move(v));
 }
 
-void Detector::onEnter(int rank, uint64_t seq, CollectiveOp op, uint64_t bytes, int64_t now_ns) {
-  if (rank < 0 || rank >= world_) return;
-  onHeartbeat(rank, now_ns);
-  Pending& p = pending_[seq];
-  if (p.entered.empty()) {
-    p.op = op;
-    p.bytes = bytes;
-    p.first_enter_ns = now_ns;
-    p.entered.assign(world_, false);
-    p.wait_ns.assign(world_, -1);
-  }
-  if (!p.entered[rank]) {
-    p.entered[rank] = true;
-    ++p.entered_count;
+namespace {
+
+// Ops whose size every participant gives the same.
+bool sizesMustAgree(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kAllreduce: case CollectiveOp::kBroadcast: case CollectiveOp::kReduce:
+    case CollectiveOp::kAllgather: case CollectiveOp::kReduceScatter: case CollectiveOp::kBarrier:
+    case CollectiveOp::kSend: case CollectiveOp::kRecv:
+      return true;
+    default:
+      return false;
   }
 }
 
-void Detector::onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns) {
+std::string opText(CollectiveOp op, uint64_t bytes) {
+  return std::string(collectiveOpName(op)) + " " + std::to_string(bytes) + " B";
+}
+
+}  // namespace
+
+void Detector::onEnter(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, uint64_t bytes,
+                       int64_t now_ns) {
   if (rank < 0 || rank >= world_) return;
   onHeartbeat(rank, now_ns);
-  auto it = pending_.find(seq);
+  int slot = 0;
+  Pending* p = pendingFor(rank, group, seq, peer, op, &slot);
+  if (p == nullptr || slot < 0 || static_cast<size_t>(slot) >= p->entered.size()) return;
+  if (p->entered_count == 0) {
+    p->op = op;
+    p->bytes = bytes;
+    p->first_enter_ns = now_ns;
+  }
+  if (!p->entered[slot]) {
+    p->entered[slot] = true;
+    ++p->entered_count;
+    p->ops[slot] = op;
+    p->bytes_of[slot] = bytes;
+    const bool p2p = isPointToPoint(op) && isPointToPoint(p->op);
+    if ((op != p->op && !p2p) || (sizesMustAgree(op) && sizesMustAgree(p->op) && bytes != p->bytes)) {
+      p->mismatch = true;
+    }
+  }
+}
+
+void Detector::onExit(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int64_t wait_ns,
+                      int64_t now_ns) {
+  if (rank < 0 || rank >= world_) return;
+  onHeartbeat(rank, now_ns);
+  OpKey key;
+  key.group = group;
+  key.seq = seq;
+  int slot = rank;
+  if (isPointToPoint(op)) {
+    key.src = op == CollectiveOp::kSend ? rank : peer;
+    key.dst = op == CollectiveOp::kSend ? peer : rank;
+    slot = op == CollectiveOp::kSend ? 0 : 1;
+  } else if (group != 0) {
+    Group* g = findGroup(group);
+    if (g == nullptr) return;
+    auto it = g->group_rank_of.find(rank);
+    if (it == g->group_rank_of.end()) return;
+    slot = it->second;
+  }
+  auto it = pending_.find(key);
   if (it == pending_.end()) return;
   Pending& p = it->second;
-  if (p.wait_ns[rank] < 0) {
-    p.wait_ns[rank] = std::max<int64_t>(0, wait_ns);
+  if (slot < 0 || static_cast<size_t>(slot) >= p.wait_ns.size()) return;
+  if (p.wait_ns[slot] < 0) {
+    p.wait_ns[slot] = std::max<int64_t>(0, wait_ns);
     ++p.exited_count;
   }
-  if (p.exited_count == world_) {
-    complete(seq, p);
+  if (p.exited_count == static_cast<int>(p.members.size())) {
+    complete(p);
     pending_.erase(it);
   }
 }
 
-// A collective every rank finished: learn its duration, and score lateness for stragglers.
-void Detector::complete(uint64_t, Pending& p) {
+// A collective every member finished: learn its duration, and score lateness for stragglers.
+void Detector::complete(Pending& p) {
   const auto op = static_cast<size_t>(p.op);
   int64_t max_wait = *std::max_element(p.wait_ns.begin(), p.wait_ns.end());
   auto& recent = recent_waits_[op];
   recent.push_back(max_wait);
   if (recent.size() > kRecentWaits) recent.pop_front();
   ++completed_by_op_[op];
+  // Straggler windows: over collectives of all ranks (a subgroup's lateness says nothing of
+  // the ranks outside it).
+  if (static_cast<int>(p.members.size()) != world_ || isPointToPoint(p.op)) return;
 
   int latest = 0;
-  for (int r = 0; r < world_; ++r) {
-    int64_t lateness = max_wait - p.wait_ns[r];
+  for (int i = 0; i < world_; ++i) {
+    const int r = p.members[i];
+    if (r < 0) return;
+    int64_t lateness = max_wait - p.wait_ns[i];
     lateness_sum_ns_[r] += static_cast<double>(lateness);
-    if (p.wait_ns[r] < p.wait_ns[latest]) latest = r;
+    if (p.wait_ns[i] < p.wait_ns[latest]) latest = i;
   }
-  ++latest_count_[latest];
+  ++latest_count_[p.members[latest]];
   window_waits_.push_back(max_wait);
   if (++window_fill_ < options_.straggler_window) return;
 
@@ -291,6 +463,136 @@ int64_t Detector::budgetNs(CollectiveOp op, bool* learned) const {
   return std::max(floor_ns, static_cast<int64_t>(options_.hang_multiplier * static_cast<double>(w[k])));
 }
 
+std::vector<std::pair<Detector::OpKey, Detector::Pending*>> Detector::waitingIn(int rank) {
+  std::vector<std::pair<OpKey, Pending*>> in;
+  for (auto& [key, p] : pending_) {
+    for (size_t i = 0; i < p.members.size(); ++i) {
+      if (p.members[i] == rank && p.entered[i] && p.wait_ns[i] < 0) in.emplace_back(key, &p);
+    }
+  }
+  std::stable_sort(in.begin(), in.end(),
+                   [](const auto& x, const auto& y) { return x.second->first_enter_ns < y.second->first_enter_ns; });
+  return in;
+}
+
+// Breadth-first from the members that never entered `key`: a member that waits in another open
+// op is followed to the members that op lacks, until ranks that wait in nothing (the roots).
+Detector::Chain Detector::resolve(const OpKey& key, Pending& p, const std::vector<int>& missing) {
+  Chain c;
+  c.key = key;
+  c.at = &p;
+  c.links.push_back(&p);
+  std::vector<int> frontier = missing;
+  std::vector<int> visited;  // ranks whose waits were followed
+  std::map<int, int> came_from;  // rank -> the rank that waits for it
+  for (int depth = 0; depth < world_ && !frontier.empty(); ++depth) {
+    std::vector<int> next;
+    for (int r : frontier) {
+      if (r < 0) {  // a member that has not claimed its place yet: it cannot be followed
+        c.roots.push_back(r);
+        continue;
+      }
+      if (std::find(visited.begin(), visited.end(), r) != visited.end()) continue;
+      visited.push_back(r);
+      auto waits = waitingIn(r);
+      // The oldest open op the rank waits in that lacks members; an op every member entered
+      // holds the rank for reasons inside it (judged on its own).
+      const std::pair<OpKey, Pending*>* follow = nullptr;
+      for (const auto& w : waits) {
+        if (w.second->entered_count < static_cast<int>(w.second->members.size())) {
+          follow = &w;
+          break;
+        }
+      }
+      if (follow == nullptr) {
+        c.roots.push_back(r);
+        continue;
+      }
+      const Pending& q = *follow->second;
+      std::vector<int> lacks;
+      for (size_t i = 0; i < q.members.size(); ++i) {
+        if (!q.entered[i]) lacks.push_back(q.members[i]);
+      }
+      // Closing on a rank already followed: through a point-to-point op (an irecv posted early
+      // does not block its rank) the chain ends here; through collectives, the ranks wait for
+      // each other.
+      bool closes = false;
+      for (int m : lacks) closes = closes || std::find(visited.begin(), visited.end(), m) != visited.end();
+      if (closes) {
+        if (isPointToPoint(q.op)) {
+          c.roots.push_back(r);
+          continue;
+        }
+        c.cycle = visited;
+        std::sort(c.cycle.begin(), c.cycle.end());
+        c.judged = c.judged || (q.reported && follow->second != &p);
+        c.path += (c.path.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits in " +
+                  describe(follow->first, q) + " for rank(s) " + listRanks(lacks);
+        return c;
+      }
+      c.path += (c.path.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + " waits in " +
+                describe(follow->first, q) + " for rank(s) " + listRanks(lacks);
+      c.judged = c.judged || (q.reported && follow->second != &p);
+      c.links.push_back(follow->second);
+      c.key = follow->first;
+      c.at = follow->second;
+      for (int m : lacks) next.push_back(m);
+    }
+    frontier = std::move(next);
+  }
+  std::sort(c.roots.begin(), c.roots.end());
+  c.roots.erase(std::unique(c.roots.begin(), c.roots.end()), c.roots.end());
+  if (c.at != &p) {
+    std::string roots;
+    for (int r : c.roots) roots += (roots.empty() ? "" : ",") + std::to_string(r);
+    c.path = "rank(s) " + listRanks(missing) + " never entered it; " + c.path + "; rank(s) " + roots +
+             " wait in no collective: the root";
+  }
+  return c;
+}
+
+// Members that entered different ops (or sizes) at the same seq: once all entered, or once it
+// has been open for the hang floor.
+void Detector::desyncVerdicts(int64_t now_ns, std::vector<Verdict>& out) {
+  const int64_t floor_ns = static_cast<int64_t>(options_.hang_floor_s * 1e9);
+  for (auto& [key, p] : pending_) {
+    if (!p.mismatch || p.reported) continue;
+    if (p.entered_count < static_cast<int>(p.members.size()) && now_ns - p.first_enter_ns <= floor_ns) continue;
+    p.reported = true;
+    // Group the entrants by what they entered; the largest group is the program's intent.
+    std::vector<std::pair<std::string, std::vector<int>>> kinds;
+    for (size_t i = 0; i < p.members.size(); ++i) {
+      if (!p.entered[i]) continue;
+      const bool sized = sizesMustAgree(p.ops[i]);
+      std::string what = sized ? opText(p.ops[i], p.bytes_of[i]) : collectiveOpName(p.ops[i]);
+      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == what; });
+      if (it == kinds.end()) kinds.push_back({what, {}}), it = kinds.end() - 1;
+      it->second.push_back(p.members[i]);
+    }
+    std::stable_sort(kinds.begin(), kinds.end(),
+                     [](const auto& x, const auto& y) { return x.second.size() > y.second.size(); });
+    const bool majority = kinds.size() > 1 && kinds[0].second.size() > kinds[1].second.size();
+    std::vector<int> culprits;
+    std::string entered;
+    for (size_t k = 0; k < kinds.size(); ++k) {
+      entered += (entered.empty() ? "" : "; ") + std::string("rank(s) ") + listRanks(kinds[k].second) + " entered " +
+                 kinds[k].first;
+      if (k > 0 || !majority) culprits.insert(culprits.end(), kinds[k].second.begin(), kinds[k].second.end());
+    }
+    std::sort(culprits.begin(), culprits.end());
+    std::string where = "#" + std::to_string(key.seq) + " of group '" + groupName(key.group) + "'";
+    if (key.src >= 0) where = "#" + std::to_string(key.seq) + " of the channel rank " + std::to_string(key.src) +
+                              " -> " + std::to_string(key.dst) + " of group '" + groupName(key.group) + "'";
+    Verdict v = make(VerdictKind::kDesync, culprits,
+                     "collective " + where + ": " + entered +
+                         (majority ? "" : " (no majority: every differing rank is named)") +
+                         ": the program issued different collectives on different ranks",
+                     key.seq, kinds[0].first, key.group);
+    v.other_op = kinds.size() > 1 ? kinds[1].first : "";
+    out.push_back(std::move(v));
+  }
+}
+
 std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   std::vector<Verdict> out;
   // Crashed ranks (connection gone) first, in the order they went: when one rank dies its peers
@@ -331,17 +633,34 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   // Own-watchdog reports and straggler findings, as they came.
   for (auto& v : queued_) out.push_back(std::move(v));
   queued_.clear();
-  // Hung collectives: the oldest open one over its budget.
-  for (auto& [seq, p] : pending_) {
-    if (p.reported) continue;
+  desyncVerdicts(now_ns, out);
+  // Hung collectives: the oldest open one over its budget, of any group.
+  std::vector<std::pair<OpKey, Pending*>> open;
+  open.reserve(pending_.size());
+  for (auto& [key, p] : pending_) {
+    if (p.reported || p.entered_count == 0) continue;
+    if (key.src < 0 && key.group != 0) {  // members whose claims came after the op was opened
+      if (Group* g = findGroup(key.group)) {
+        for (size_t i = 0; i < p.members.size() && i < g->members.size(); ++i) {
+          if (p.members[i] < 0) p.members[i] = g->members[i];
+        }
+      }
+    }
+    open.emplace_back(key, &p);
+  }
+  std::stable_sort(open.begin(), open.end(),
+                   [](const auto& x, const auto& y) { return x.second->first_enter_ns < y.second->first_enter_ns; });
+  for (auto& [key, pp] : open) {
+    Pending& p = *pp;
+    if (p.reported) continue;  // reported as a link of an earlier chain in this pass
     bool learned = false;
     int64_t budget = budgetNs(p.op, &learned);
     int64_t open_for = now_ns - p.first_enter_ns;
     if (open_for <= budget) continue;
     std::vector<int> missing, unfinished;
-    for (int r = 0; r < world_; ++r) {
-      if (!p.entered[r]) missing.push_back(r);
-      else if (p.wait_ns[r] < 0) unfinished.push_back(r);
+    for (size_t i = 0; i < p.members.size(); ++i) {
+      if (!p.entered[i]) missing.push_back(p.members[i]);
+      else if (p.wait_ns[i] < 0) unfinished.push_back(p.members[i]);
     }
     // A slow link explains a collective that every rank entered (one is left waiting for the
     // link's packets), or one that only ranks on slow hosts have not entered (their news is
@@ -360,21 +679,19 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       if (!p.slow_reported) {
         p.slow_reported = true;
         out.push_back(make(VerdictKind::kStraggler, slow_ranks,
-                           std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " open for " +
-                               fmtS(open_for) + ", over its budget " + fmtS(budget) + ", while host(s) " + slow_list +
-                               " report a slow link: slow, not hung (named hung only if still open after " +
+                           describe(key, p) + " open for " + fmtS(open_for) + ", over its budget " + fmtS(budget) +
+                               ", while host(s) " + slow_list + " report a slow link: slow, not hung (named hung only if still open after " +
                                fmtS(extended) + ")",
-                           seq, collectiveOpName(p.op)));
+                           key.seq, collectiveOpName(p.op), key.group));
       }
       budget = extended;
-      if (open_for <= budget) break;  // later collectives are behind this one
+      if (open_for <= budget) continue;
     }
     const int64_t confirm_ns = static_cast<int64_t>(options_.network_grace_s * 1e9);
-    if (missing.empty() && open_for <= budget + confirm_ns) break;  // every rank entered: the network may recover
+    if (missing.empty() && open_for <= budget + confirm_ns) continue;  // every rank entered: the network may recover
     p.reported = true;
-    std::string what = std::string(collectiveOpName(p.op)) + " seq " + std::to_string(seq) + " (" +
-                       std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) + ", budget " + fmtS(budget) +
-                       (learned ? " (learned)" : " (warm-up)");
+    std::string what = describe(key, p) + " (" + std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) +
+                       ", budget " + fmtS(budget) + (learned ? " (learned)" : " (warm-up)");
     if (!slow_ranks.empty()) {
       // Held this long by a link its own host calls slow: that host is the fault, whichever
       // rank was left waiting (usually one on a healthy host, for the packets it lost).
@@ -383,28 +700,48 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                              " x the usual, for the slow link of host(s) " + slow_list +
                              "): too slow for the job to go on (waiting: rank(s) " +
                              listRanks(missing.empty() ? unfinished : missing) + ")",
-                         seq, collectiveOpName(p.op)));
+                         key.seq, collectiveOpName(p.op), key.group));
       break;
     }
     if (!missing.empty()) {
-      out.push_back(make(VerdictKind::kHungRank, missing,
-                         what + ": rank(s) " + listRanks(missing) + " never entered it; " +
-                             std::to_string(p.entered_count) + " of " + std::to_string(world_) + " did" +
-                             whereIs(missing.front()),
-                         seq, collectiveOpName(p.op)));
+      Chain c = resolve(key, p, missing);
+      for (Pending* link : c.links) link->reported = true;
+      if (c.judged) continue;  // the chain ends in a fault named already
+      if (!c.cycle.empty()) {
+        Verdict v = make(VerdictKind::kDesync, c.cycle,
+                         what + ": ranks " + listRanks(c.cycle) +
+                             " wait for each other in different collectives (issued in different orders): " + c.path,
+                         key.seq, collectiveOpName(p.op), key.group);
+        out.push_back(std::move(v));
+        break;
+      }
+      const Pending& at = *c.at;
+      int entered = at.entered_count;
+      std::string evidence =
+          c.at == &p ? what + ": rank(s) " + listRanks(c.roots) + " never entered it; " + std::to_string(entered) +
+                           " of " + std::to_string(at.members.size()) + " did"
+                     : what + ": " + c.path + " (" + describe(c.key, at) + ": " + std::to_string(entered) + " of " +
+                           std::to_string(at.members.size()) + " entered)";
+      std::vector<int> named;
+      for (int r : c.roots) {
+        if (r >= 0) named.push_back(r);
+      }
+      if (named.size() < c.roots.size()) evidence += "; member(s) of the group not yet known by rank";
+      if (!named.empty()) evidence += whereIs(named.front());
+      out.push_back(make(VerdictKind::kHungRank, named, evidence, c.key.seq, collectiveOpName(at.op), c.key.group));
     } else if (p.exited_count > 0) {
       // The others got through: the collective works, these ranks are stuck inside it.
       out.push_back(make(VerdictKind::kHungRank, unfinished,
                          what + ": every rank entered it and " + std::to_string(p.exited_count) +
                              " completed it; rank(s) " + listRanks(unfinished) + " did not, " + fmtS(confirm_ns) +
                              " past the budget" + whereIs(unfinished.front()),
-                         seq, collectiveOpName(p.op)));
+                         key.seq, collectiveOpName(p.op), key.group));
     } else {
       out.push_back(make(VerdictKind::kCommunicationFault, unfinished,
                          what + ": every rank entered it, rank(s) " + listRanks(unfinished) +
                              " did not complete it within the budget and the " + fmtS(confirm_ns) +
                              " more given to the network to recover: the fault is in communication between them",
-                         seq, collectiveOpName(p.op)));
+                         key.seq, collectiveOpName(p.op), key.group));
     }
     break;  // later collectives are stuck behind this one
   }

@@ -72,12 +72,14 @@ struct NodeMonitor::Impl {
   // Local ranks.
   std::vector<std::weak_ptr<LocalRank>> locals;
   std::map<int32_t, WireHello> hellos;        // every rank that said hello, re-sent on connect
+  std::map<std::pair<int32_t, uint64_t>, WireGroup> groups;  // (rank, group) claims, re-sent on connect
   std::set<int32_t> said_goodbye;             // ranks that ended normally
   std::set<int32_t> stopping;                 // ranks asked to stop, re-announced on connect
 
   // Outbound, waiting for the coordinator.
   std::deque<WireStall> out_stalls;
   std::deque<WireHello> out_hellos;
+  std::deque<WireGroup> out_groups;
   std::deque<WireGone> out_gones;
   std::deque<WireCollective> out_collectives;
   std::map<int32_t, WireHeartbeat> out_heartbeats;  // newest per rank
@@ -181,7 +183,8 @@ void NodeMonitor::Impl::accept() {
 }
 
 void NodeMonitor::Impl::onMessage(const WireMessage& m, std::set<int32_t>& ranks) {
-  size_t n = m.collectives.size() + m.heartbeats.size() + m.stalls.size() + m.hellos.size() + m.gones.size();
+  size_t n = m.collectives.size() + m.heartbeats.size() + m.stalls.size() + m.hellos.size() + m.gones.size() +
+             m.groups.size();
   count([&](Counters& c) {
     ++c.frames_in;
     c.records_in += n;
@@ -210,6 +213,11 @@ void NodeMonitor::Impl::onMessage(const WireMessage& m, std::set<int32_t>& ranks
     hellos[h.rank] = h;
     said_goodbye.erase(h.rank);
     out_hellos.push_back(h);
+  }
+  for (const auto& g : m.groups) {  // a rank's groups, before its records that name them
+    ranks.insert(g.rank);
+    groups[{g.rank, g.group}] = g;
+    out_groups.push_back(g);
   }
   for (const auto& g : m.gones) {
     if (g.reason == kGoneFinished || g.reason == kGoneFailed) said_goodbye.insert(g.rank);
@@ -321,6 +329,8 @@ void NodeMonitor::Impl::connectUpstream() {
     // A new coordinator (or the same one after a break) learns who is here.
     out_hellos.clear();
     for (const auto& [rank, hello] : hellos) out_hellos.push_back(hello);
+    out_groups.clear();
+    for (const auto& [key, group] : groups) out_groups.push_back(group);
     for (int32_t r : stopping) out_gones.push_back({r, kGoneStopping});
     inbound = std::make_unique<FrameDecoder>(token);
     readUpstream();
@@ -364,6 +374,7 @@ void NodeMonitor::Impl::flush() {
   // Stall reports first; departures after the collectives that came before them.
   records += drainInFrames(out_stalls, WireType::kStall, &WireMessage::stalls, token, *out);
   records += drainInFrames(out_hellos, WireType::kHello, &WireMessage::hellos, token, *out);
+  records += drainInFrames(out_groups, WireType::kGroup, &WireMessage::groups, token, *out);
   records += drainInFrames(out_collectives, WireType::kCollectives, &WireMessage::collectives, token, *out);
   records += drainInFrames(out_gones, WireType::kGone, &WireMessage::gones, token, *out);
   if (!out_heartbeats.empty()) {

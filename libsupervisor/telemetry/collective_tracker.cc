@@ -28,17 +28,42 @@ CollectiveTracker& CollectiveTracker::global() {
   return *t;
 }
 
-uint64_t CollectiveTracker::begin(CollectiveOp op, uint64_t bytes, bool matched) {
+uint64_t groupId(const std::string& group_name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : group_name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h == 0 || h == kUnmatchedGroup ? 1 : h;
+}
+
+uint64_t CollectiveTracker::begin(CollectiveOp op, uint64_t bytes, uint64_t group, uint64_t group_seq, int32_t peer) {
   const int64_t now = Clock::real().monotonicNow().count();
   MutexLock lock(mu_);
   uint64_t seq = ++stats_.last_seq;
-  const uint64_t job_seq = matched ? ++stats_.last_job_seq : 0;
+  if (group == 0 && group_seq == 0 && !isPointToPoint(op)) group_seq = ++stats_.last_world_seq;
   auto i = static_cast<size_t>(op);
   ++stats_.count[i];
   stats_.bytes[i] += bytes;
   ++stats_.issued;
-  ring_[seq % kCapacity] = {seq, job_seq, op, bytes, now, 0, true};
+  ring_[seq % kCapacity] = {seq, group, group_seq, peer, op, bytes, now, 0, true};
   return seq;
+}
+
+void CollectiveTracker::registerGroup(const GroupMembership& membership) {
+  MutexLock lock(mu_);
+  for (auto& g : groups_) {
+    if (g.group == membership.group) {
+      g = membership;
+      return;
+    }
+  }
+  groups_.push_back(membership);
+}
+
+std::vector<GroupMembership> CollectiveTracker::groups() const {
+  MutexLock lock(mu_);
+  return groups_;
 }
 
 void CollectiveTracker::end(uint64_t seq, bool ok) {
@@ -79,6 +104,7 @@ void CollectiveTracker::reset() {
   MutexLock lock(mu_);
   stats_ = Stats();
   ring_.fill(CollectiveRecord());
+  groups_.clear();
 }
 
 }  // namespace trainsup

@@ -43,6 +43,8 @@ struct TelemetryClient::Impl {
   std::set<uint64_t> sent_done;       // completed ones already sent (>= next_seq)
   std::deque<WireCollective> pending; // records waiting for a connection
   std::unique_ptr<FrameDecoder> inbound;  // frames from the coordinator
+  size_t groups_sent = 0;             // tracker->groups() announced on this connection
+  bool sendGroups();
   void receive();
 
   void loop();
@@ -57,17 +59,18 @@ void TelemetryClient::Impl::pump() {
   auto records = tracker->recent(CollectiveTracker::kCapacity);
   for (const auto& r : records) {
     if (r.seq < next_seq) continue;
-    if (r.job_seq == 0) {  // not matched across ranks (point-to-point, a subgroup): nothing to send
+    if (r.group == kUnmatchedGroup || (isPointToPoint(r.op) && r.peer < 0)) {  // nobody else names it so
       sent_done.insert(r.seq);
       continue;
     }
-    // On the wire a collective is its job_seq: the number every rank gives the same collective.
+    // On the wire a collective is (group, group_seq[, peer]): what every member calls it.
+    const uint8_t op = static_cast<uint8_t>(r.op);
     if (r.exit_ns != 0) {  // completed (or untracked): send once with its exit
       if (sent_done.insert(r.seq).second) {
-        pending.push_back({options.rank, r.job_seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, r.exit_ns});
+        pending.push_back({options.rank, r.group, r.group_seq, r.peer, op, r.bytes, r.enter_ns, r.exit_ns});
       }
     } else if (sent_enter.insert(r.seq).second) {  // open: announce its enter once
-      pending.push_back({options.rank, r.job_seq, static_cast<uint8_t>(r.op), r.bytes, r.enter_ns, 0});
+      pending.push_back({options.rank, r.group, r.group_seq, r.peer, op, r.bytes, r.enter_ns, 0});
     }
   }
   // Forget what is settled: the completed prefix, and anything the ring has overwritten.
@@ -99,6 +102,7 @@ bool TelemetryClient::Impl::connect() {
     if (!local) s->set_option(tcp::no_delay(true));
     socket = std::move(s);
     stop_announced = false;  // a new connection (perhaps a new coordinator) is told again
+    groups_sent = 0;         // ...and learns the groups again
     {
       MutexLock lock(mu);
       ++counters.connects;
@@ -133,7 +137,31 @@ bool TelemetryClient::Impl::sendFrame(const WireMessage& m) {
     return false;
   }
   ++counters.frames_sent;
-  counters.records_sent += m.collectives.size() + m.heartbeats.size() + m.stalls.size() + m.hellos.size() + m.gones.size();
+  counters.records_sent += m.collectives.size() + m.heartbeats.size() + m.stalls.size() + m.hellos.size() +
+                          m.gones.size() + m.groups.size();
+  return true;
+}
+
+// This rank's group memberships not yet announced on this connection: before any record that
+// names them, so that the coordinator knows every group its records refer to.
+bool TelemetryClient::Impl::sendGroups() {
+  const auto groups = tracker->groups();
+  while (groups_sent < groups.size()) {
+    WireMessage m;
+    m.type = WireType::kGroup;
+    const size_t n = std::min(groups.size() - groups_sent, kRecordsPerFrame);
+    for (size_t i = groups_sent; i < groups_sent + n; ++i) {
+      WireGroup g;
+      g.rank = options.rank;
+      g.group = groups[i].group;
+      g.group_rank = groups[i].group_rank;
+      g.group_size = groups[i].group_size;
+      std::strncpy(g.desc, groups[i].desc.c_str(), sizeof(g.desc) - 1);
+      m.groups.push_back(g);
+    }
+    if (!sendFrame(m)) return false;
+    groups_sent += n;
+  }
   return true;
 }
 
@@ -207,7 +235,7 @@ void TelemetryClient::Impl::loop() {
       // closing connection for a crash. Only over a connection that is already up.
       if (socket) {
         pump();
-        bool ok = sendPending();
+        bool ok = sendGroups() && sendPending();
         WireMessage bye;
         bye.type = WireType::kGone;
         bye.gones.push_back({options.rank, reason});
@@ -230,7 +258,7 @@ void TelemetryClient::Impl::loop() {
       m.gones.push_back({options.rank, kGoneStopping});
       ok = stop_announced = sendFrame(m);
     }
-    if (ok) ok = sendPending();
+    if (ok) ok = sendGroups() && sendPending();
     if (ok) {
       WireMessage hb;
       hb.type = WireType::kHeartbeat;

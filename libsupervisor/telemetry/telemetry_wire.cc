@@ -7,15 +7,16 @@ namespace trainsup {
 namespace {
 
 constexpr uint8_t kMagic[4] = {'T', 'S', 'U', 'T'};
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 constexpr size_t kHeader = 4 + 2 + 2 + 4 + 16;
 // Fixed record sizes on the wire (packed, little-endian).
-constexpr size_t kCollectiveSize = 4 + 8 + 1 + 8 + 8 + 8;
+constexpr size_t kCollectiveSize = 4 + 8 + 8 + 4 + 1 + 8 + 8 + 8;
 constexpr size_t kHeartbeatSize = 4 + 8 + 8 + 8 + 32;
 constexpr size_t kStallSize = 4 + 8 + 32;
 constexpr size_t kAbortSize = 4 + 24 + 64;
 constexpr size_t kHelloSize = 4 + 4 + 64 + 64;
 constexpr size_t kGoneSize = 4 + 4;
+constexpr size_t kGroupSize = 4 + 8 + 4 + 4 + 32;
 static_assert(kRecordsPerFrame * kHelloSize + kHeader < kMaxPayload, "a frame of the largest records must fit");
 
 // Copies a NUL-padded text field and guarantees its termination.
@@ -48,6 +49,7 @@ size_t recordSize(WireType t) {
     case WireType::kAbort: return kAbortSize;
     case WireType::kHello: return kHelloSize;
     case WireType::kGone: return kGoneSize;
+    case WireType::kGroup: return kGroupSize;
   }
   return 0;
 }
@@ -67,7 +69,9 @@ std::string encodeFrame(const WireMessage& m, const JobToken& token) {
     case WireType::kCollectives:
       for (const auto& c : m.collectives) {
         put(payload, c.rank);
+        put(payload, c.group);
         put(payload, c.seq);
+        put(payload, c.peer);
         put(payload, c.op);
         put(payload, c.bytes);
         put(payload, c.enter_ns);
@@ -111,6 +115,15 @@ std::string encodeFrame(const WireMessage& m, const JobToken& token) {
         put(payload, g.reason);
       }
       break;
+    case WireType::kGroup:
+      for (const auto& g : m.groups) {
+        put(payload, g.rank);
+        put(payload, g.group);
+        put(payload, g.group_rank);
+        put(payload, g.group_size);
+        payload.append(g.desc, sizeof(g.desc));
+      }
+      break;
   }
   std::string out(reinterpret_cast<const char*>(kMagic), 4);
   put(out, kVersion);
@@ -148,7 +161,7 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
       pos += 4;
       continue;
     }
-    size_t rs = type >= 1 && type <= 6 ? recordSize(static_cast<WireType>(type)) : 0;
+    size_t rs = type >= 1 && type <= 7 ? recordSize(static_cast<WireType>(type)) : 0;
     if (rs == 0) {
       ++counters_.bad_type;
       pos += 4;
@@ -173,7 +186,9 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
       if (m.type == WireType::kCollectives) {
         WireCollective c;
         c.rank = get<int32_t>(q);
+        c.group = get<uint64_t>(q);
         c.seq = get<uint64_t>(q);
+        c.peer = get<int32_t>(q);
         c.op = get<uint8_t>(q);
         c.bytes = get<uint64_t>(q);
         c.enter_ns = get<int64_t>(q);
@@ -204,6 +219,14 @@ std::vector<WireMessage> FrameDecoder::feed(const uint8_t* data, size_t n) {
         getText(q, hello.host);
         getText(q, hello.gpu);
         m.hellos.push_back(hello);
+      } else if (m.type == WireType::kGroup) {
+        WireGroup g;
+        g.rank = get<int32_t>(q);
+        g.group = get<uint64_t>(q);
+        g.group_rank = get<int32_t>(q);
+        g.group_size = get<int32_t>(q);
+        getText(q, g.desc);
+        m.groups.push_back(g);
       } else if (m.type == WireType::kGone) {
         WireGone g;
         g.rank = get<int32_t>(q);
@@ -243,7 +266,7 @@ bool sameMessage(const WireMessage& a, const WireMessage& b) {
   };
   return a.type == b.type &&
          same(a.collectives, b.collectives, [](const WireCollective& x, const WireCollective& y) {
-           return x.rank == y.rank && x.seq == y.seq && x.op == y.op && x.bytes == y.bytes &&
+           return x.rank == y.rank && x.group == y.group && x.seq == y.seq && x.peer == y.peer && x.op == y.op && x.bytes == y.bytes &&
                   x.enter_ns == y.enter_ns && x.exit_ns == y.exit_ns;
          }) &&
          same(a.heartbeats, b.heartbeats, [](const WireHeartbeat& x, const WireHeartbeat& y) {
@@ -263,6 +286,10 @@ bool sameMessage(const WireMessage& a, const WireMessage& b) {
          }) &&
          same(a.gones, b.gones, [](const WireGone& x, const WireGone& y) {
            return x.rank == y.rank && x.reason == y.reason;
+         }) &&
+         same(a.groups, b.groups, [](const WireGroup& x, const WireGroup& y) {
+           return x.rank == y.rank && x.group == y.group && x.group_rank == y.group_rank &&
+                  x.group_size == y.group_size && sameText(x.desc, y.desc, sizeof(x.desc));
          });
 }
 

@@ -1,7 +1,7 @@
 // telemetry/telemetry_wire.h (internal) — the wire format between ranks, node monitors and the job
 // coordinator (issue #5): length-prefixed frames, each authenticated by the job's token.
 //
-// Frame (little-endian): magic "TSUT" (4) | version u16 (=1) | type u16 | payload length u32 |
+// Frame (little-endian): magic "TSUT" (4) | version u16 (=2; 1 had no groups) | type u16 | payload length u32 |
 // token (16 bytes, taken from the job's c10d store) | payload. Payloads are fixed-layout
 // records (below), several per frame. FrameDecoder consumes a byte stream (a TCP or Unix socket)
 // and yields whole messages; it never trusts a length: a frame over kMaxPayload, an unknown
@@ -22,12 +22,17 @@
 
 namespace trainsup {
 
-enum class WireType : uint16_t { kCollectives = 1, kHeartbeat = 2, kStall = 3, kAbort = 4, kHello = 5, kGone = 6 };
+enum class WireType : uint16_t {
+  kCollectives = 1, kHeartbeat = 2, kStall = 3, kAbort = 4, kHello = 5, kGone = 6, kGroup = 7,
+};
 
-// One collective record of one rank (enter and, when known, exit).
+// One collective record of one rank (enter and, when known, exit): the `seq`-th op of `group`
+// (or, for point-to-point ops, of the channel to or from `peer`; collective_tracker.h).
 struct WireCollective {
   int32_t rank = 0;
+  uint64_t group = 0;
   uint64_t seq = 0;
+  int32_t peer = -1;       // the other side's global rank for send/recv
   uint8_t op = 0;          // CollectiveOp
   uint64_t bytes = 0;
   int64_t enter_ns = 0;    // the rank's own clock
@@ -82,6 +87,17 @@ struct WireGone {
   int32_t reason = kGoneClosed;
 };
 
+// Rank -> coordinator, on every connection and when a group is created: the rank is member
+// `group_rank` of `group_size` of group `group` ("mesh_tp", ...). The coordinator assembles each
+// group's members from its members' claims.
+struct WireGroup {
+  int32_t rank = 0;
+  uint64_t group = 0;
+  int32_t group_rank = 0;
+  int32_t group_size = 0;
+  char desc[32] = {};   // NUL-padded
+};
+
 struct WireMessage {
   WireType type = WireType::kHeartbeat;
   std::vector<WireCollective> collectives;
@@ -90,6 +106,7 @@ struct WireMessage {
   std::vector<WireAbort> aborts;
   std::vector<WireHello> hellos;
   std::vector<WireGone> gones;
+  std::vector<WireGroup> groups;
 };
 
 inline constexpr uint32_t kMaxPayload = 1u << 20;

@@ -58,13 +58,36 @@ std::optional<bool> pollWork(c10d::Work& work, c10::ivalue::Future* cpu_future) 
   return std::nullopt;
 }
 
+GroupSequencer::GroupSequencer(uint64_t id, std::vector<int> global_ranks)
+    : id_(id), global_ranks_(std::move(global_ranks)) {}
+
+int GroupSequencer::globalRank(int group_rank) const {
+  if (global_ranks_.empty()) return group_rank;
+  return group_rank >= 0 && static_cast<size_t>(group_rank) < global_ranks_.size() ? global_ranks_[group_rank] : -1;
+}
+
+uint64_t GroupSequencer::nextCollective() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ++collectives_;
+}
+
+uint64_t GroupSequencer::nextSend(int peer_global) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ++sends_[peer_global];
+}
+
+uint64_t GroupSequencer::nextRecv(int peer_global) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ++recvs_[peer_global];
+}
+
 TrackingBackend::TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner, CollectiveTracker& tracker,
-                                 CompletionWatcher& watcher, bool job_group)
+                                 CompletionWatcher& watcher, std::shared_ptr<GroupSequencer> group)
     : c10d::Backend(inner->getRank(), inner->getSize()),
       inner_(std::move(inner)),
       tracker_(tracker),
       watcher_(watcher),
-      job_group_(job_group) {
+      group_(group ? std::move(group) : std::make_shared<GroupSequencer>(kUnmatchedGroup, std::vector<int>{})) {
   // ProcessGroup::getGroupName() reads the uid of its first device's backend, which is now this
   // one: carry the group's name and description (DeviceMesh resolves groups by that name).
   setBoundDeviceId(inner_->getBoundDeviceId());
@@ -110,17 +133,17 @@ void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Wor
 }
 
 template <class F>
-c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t bytes, F&& call, bool p2p) {
+c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t bytes, F&& call) {
   {
     std::lock_guard<std::mutex> lock(coalescing_mu_);
-    if (coalescing_) {  // one record for the group, begun at endCoalescing()
+    if (coalescing_) {  // one record for the batch's collectives, begun at endCoalescing()
       coalesced_bytes_ += bytes;
       coalesced_op_ = coalesced_ops_++ == 0 || coalesced_op_ == op ? op : CollectiveOp::kOther;
-      coalesced_p2p_ = coalesced_p2p_ || p2p;
       return call();
     }
   }
-  const uint64_t seq = tracker_.begin(op, bytes, job_group_ && !p2p);
+  const bool matched = group_->id() != kUnmatchedGroup;
+  const uint64_t seq = tracker_.begin(op, bytes, group_->id(), matched ? group_->nextCollective() : 0);
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = call();
@@ -132,6 +155,36 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t 
   return work;
 }
 
+template <class F>
+c10::intrusive_ptr<c10d::Work> TrackingBackend::trackP2P(CollectiveOp op, uint64_t bytes, int peer_group_rank,
+                                                         F&& call) {
+  const int peer = peer_group_rank >= 0 ? group_->globalRank(peer_group_rank) : -1;
+  const bool matched = group_->id() != kUnmatchedGroup && peer >= 0;
+  const uint64_t channel_seq = !matched ? 0 : op == CollectiveOp::kSend ? group_->nextSend(peer) : group_->nextRecv(peer);
+  const uint64_t seq = tracker_.begin(op, bytes, matched ? group_->id() : kUnmatchedGroup, channel_seq, peer);
+  bool in_batch = false;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    if (coalescing_) {  // its own record, ended by the batch's work
+      coalesced_p2p_.push_back(seq);
+      in_batch = true;
+    }
+  }
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = call();
+  } catch (...) {
+    tracker_.end(seq, false);
+    if (in_batch) {
+      std::lock_guard<std::mutex> lock(coalescing_mu_);
+      coalesced_p2p_.erase(std::remove(coalesced_p2p_.begin(), coalesced_p2p_.end(), seq), coalesced_p2p_.end());
+    }
+    throw;
+  }
+  if (!in_batch) watchWork(seq, work);
+  return work;
+}
+
 void TrackingBackend::startCoalescing() {
   inner_->startCoalescing();
   std::lock_guard<std::mutex> lock(coalescing_mu_);
@@ -139,24 +192,35 @@ void TrackingBackend::startCoalescing() {
   coalesced_bytes_ = 0;
   coalesced_ops_ = 0;
   coalesced_op_ = CollectiveOp::kOther;
-  coalesced_p2p_ = false;
+  coalesced_p2p_.clear();
 }
 
 c10::intrusive_ptr<c10d::Work> TrackingBackend::endCoalescing() {
   CollectiveOp op;
   uint64_t bytes;
   int ops;
-  bool p2p;
+  std::vector<uint64_t> p2p;
   {
     std::lock_guard<std::mutex> lock(coalescing_mu_);
     coalescing_ = false;
     op = coalesced_op_;
     bytes = coalesced_bytes_;
     ops = coalesced_ops_;
-    p2p = coalesced_p2p_;
+    p2p.swap(coalesced_p2p_);
   }
-  if (ops == 0) return inner_->endCoalescing();
-  return track(op, bytes, [&] { return inner_->endCoalescing(); }, p2p);  // coalescing_ is off again
+  c10::intrusive_ptr<c10d::Work> work;
+  if (ops == 0) {
+    try {
+      work = inner_->endCoalescing();
+    } catch (...) {
+      for (uint64_t seq : p2p) tracker_.end(seq, false);
+      throw;
+    }
+  } else {
+    work = track(op, bytes, [&] { return inner_->endCoalescing(); });  // coalescing_ is off again
+  }
+  for (uint64_t seq : p2p) watchWork(seq, work);
+  return work;
 }
 
 // --- forwarded ---
@@ -285,30 +349,34 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::alltoall(std::vector<at::Tensor>
   return track(CollectiveOp::kAlltoall, bytesOf(in), [&] { return inner_->alltoall(out, in, o); });
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::send(std::vector<at::Tensor>& t, int dst, int tag) {
-  return track(CollectiveOp::kSend, bytesOf(t), [&] { return inner_->send(t, dst, tag); }, true);
+  return trackP2P(CollectiveOp::kSend, bytesOf(t), dst, [&] { return inner_->send(t, dst, tag); });
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::recv(std::vector<at::Tensor>& t, int src, int tag) {
-  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recv(t, src, tag); }, true);
+  return trackP2P(CollectiveOp::kRecv, bytesOf(t), src, [&] { return inner_->recv(t, src, tag); });
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::recvAnysource(std::vector<at::Tensor>& t, int tag) {
-  return track(CollectiveOp::kRecv, bytesOf(t), [&] { return inner_->recvAnysource(t, tag); }, true);
+  return trackP2P(CollectiveOp::kRecv, bytesOf(t), -1, [&] { return inner_->recvAnysource(t, tag); });
 }
 c10::intrusive_ptr<c10d::Work> TrackingBackend::barrier(const c10d::BarrierOptions& o) {
   return track(CollectiveOp::kBarrier, 0, [&] { return inner_->barrier(o); });
 }
 
 int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, CompletionWatcher& watcher,
-                      bool job_group) {
+                      std::vector<int> global_ranks, const std::string& desc) {
   auto& devices = group.*ProcessGroupAccess::deviceMap();
   // Resolve every device type first: getBackend() fills the map lazily from the backend types.
   for (const auto& device : group.getDeviceTypes()) group.getBackend(device.type());
+  const std::string name = group.getGroupName();
+  const uint64_t id = groupId(name);
   std::unordered_map<c10d::Backend*, c10::intrusive_ptr<c10d::Backend>> wrapped;
+  std::shared_ptr<GroupSequencer> sequencer;
   int count = 0;
   for (auto& [type, backend] : devices) {
     if (!backend || dynamic_cast<TrackingBackend*>(backend.get())) continue;
     auto& wrapper = wrapped[backend.get()];
     if (!wrapper) {
-      wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher, job_group);
+      if (!sequencer) sequencer = std::make_shared<GroupSequencer>(id, global_ranks);
+      wrapper = c10::make_intrusive<TrackingBackend>(backend, tracker, watcher, sequencer);
       std::lock_guard<std::mutex> lock(trackedMu());
       auto& list = tracked();
       list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
@@ -316,6 +384,15 @@ int trackProcessGroup(c10d::ProcessGroup& group, CollectiveTracker& tracker, Com
     }
     backend = wrapper;
     ++count;
+  }
+  if (count > 0) {
+    GroupMembership m;
+    m.group = id;
+    m.group_rank = group.getRank();
+    m.group_size = group.getSize();
+    m.desc = desc.empty() ? group.getGroupDesc() : desc;
+    m.name = name;
+    tracker.registerGroup(m);
   }
   return count;
 }

@@ -75,7 +75,7 @@ WireMessage heartbeat(int rank) {
 WireMessage collective(int rank, uint64_t seq) {
   WireMessage m;
   m.type = WireType::kCollectives;
-  m.collectives.push_back({rank, seq, 1, 4096, 1000, 1500});
+  m.collectives.push_back({rank, 0, seq, -1, 1, 4096, 1000, 1500});
   return m;
 }
 

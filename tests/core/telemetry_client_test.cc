@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <map>
 #include <mutex>
 
 #include "trainsup/coordinator.h"
@@ -74,32 +75,41 @@ TEST(TelemetryClientTest, ARankThatNeverEntersIsNamedAfterTheBudget) {
   EXPECT_EQ(clients[0]->counters().records_dropped, 0u);
 }
 
-// A pipeline's point-to-point ops are not matched across ranks: stage 1 receives and sends
-// twice as often as the first and last stages, which numbered every later collective differently
-// on each rank and named healthy ranks as never having entered one (issue 19, defect 1). Only
-// the job group's collectives are numbered for the coordinator, so the first verdict is the
-// real hang at the end, with the job's own collective number.
-TEST(TelemetryClientTest, PointToPointOpsNeverFeedTheCollectiveMatch) {
+// A pipeline's point-to-point ops are matched per channel, never against the collectives:
+// stage 1 receives and sends twice as often as the first and last stages, which once numbered
+// every later collective differently on each rank and named healthy ranks as never having
+// entered one (issue 19, defect 1). With per-channel numbers (issue 20), the k-th send from 0
+// to 1 meets 1's k-th receive from 0, and the real hang at the end is named with the job's own
+// collective number, even though rank 1 also waits in a receive that rank 0 never sends
+// because rank 0 waits in that collective for rank 2: the chain resolves to its root.
+TEST(TelemetryClientTest, PointToPointOpsAreMatchedPerChannelAndChainToTheRoot) {
   constexpr int kWorld = 3, kSteps = 30;
   Sink sink;
   auto coord = coordinator(sink, kWorld);
   std::vector<CollectiveTracker> trackers(kWorld);
   std::vector<std::unique_ptr<TelemetryClient>> clients;
   for (int r = 0; r < kWorld; ++r) clients.push_back(client(coord->port(), r, trackers[r]));
-  auto p2p = [&](int r, CollectiveOp op, int n) {
-    for (int i = 0; i < n; ++i) trackers[r].end(trackers[r].begin(op, 4096, /*matched=*/false), true);
+  std::map<std::pair<int, int>, uint64_t> sent, received;  // channel (from, to) -> ops so far
+  auto send = [&](int from, int to) {
+    trackers[from].end(trackers[from].begin(CollectiveOp::kSend, 4096, 0, ++sent[{from, to}], to), true);
+  };
+  auto recv = [&](int to, int from) {
+    trackers[to].end(trackers[to].begin(CollectiveOp::kRecv, 4096, 0, ++received[{from, to}], from), true);
   };
   for (int step = 0; step < kSteps; ++step) {
-    p2p(0, CollectiveOp::kSend, 2);  // two micro-batches forward
-    p2p(1, CollectiveOp::kRecv, 2);
-    p2p(1, CollectiveOp::kSend, 2);
-    p2p(2, CollectiveOp::kRecv, 2);
+    for (int mb = 0; mb < 2; ++mb) {  // two micro-batches forward
+      send(0, 1);
+      recv(1, 0);
+      send(1, 2);
+      recv(2, 1);
+    }
     for (int r = 0; r < kWorld; ++r) trackers[r].end(trackers[r].begin(CollectiveOp::kAllreduce, 1024), true);
   }
-  trackers[1].begin(CollectiveOp::kRecv, 4096, false);  // waiting for the next micro-batch: pending here only
+  // Rank 1 waits for the next micro-batch, which rank 0 sends only after the all-reduce.
+  trackers[1].begin(CollectiveOp::kRecv, 4096, 0, ++received[{0, 1}], 0);
   EXPECT_EQ(trackers[1].stats().pending(), 1u);
   EXPECT_EQ(trackers[1].stats().last_seq, 5u * kSteps + 1);
-  EXPECT_EQ(trackers[1].stats().last_job_seq, static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(trackers[1].stats().last_world_seq, static_cast<uint64_t>(kSteps));
   // The real fault: rank 2 never enters the next all-reduce.
   trackers[0].begin(CollectiveOp::kAllreduce, 1024);
   trackers[1].begin(CollectiveOp::kAllreduce, 1024);
@@ -112,6 +122,7 @@ TEST(TelemetryClientTest, PointToPointOpsNeverFeedTheCollectiveMatch) {
   EXPECT_EQ(v.op, "allreduce");
   for (auto& c : clients) c->stop();
   coord->stop();
+  EXPECT_EQ(coord->counters().unknown_group_records, 0u);
 }
 
 // Waits (bounded by `deadline`) until `c` has sent at least `frames` frames.

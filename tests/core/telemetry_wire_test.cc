@@ -21,12 +21,13 @@ JobToken token(uint8_t seed) {
 WireMessage sample(std::mt19937& rng) {
   WireMessage m;
   const WireType kinds[] = {WireType::kCollectives, WireType::kHeartbeat, WireType::kStall, WireType::kHello,
-                            WireType::kGone};
-  m.type = kinds[rng() % 5];
+                            WireType::kGone, WireType::kGroup};
+  m.type = kinds[rng() % 6];
   int n = 1 + static_cast<int>(rng() % 20);
   for (int i = 0; i < n; ++i) {
     if (m.type == WireType::kCollectives) {
-      m.collectives.push_back({static_cast<int32_t>(rng() % 4096), rng(), static_cast<uint8_t>(rng() % 12), rng(),
+      m.collectives.push_back({static_cast<int32_t>(rng() % 4096), rng(), rng(), static_cast<int32_t>(rng() % 4096) - 1,
+                               static_cast<uint8_t>(rng() % 12), rng(),
                                static_cast<int64_t>(rng()), static_cast<int64_t>(rng())});
     } else if (m.type == WireType::kHeartbeat) {
       WireHeartbeat hb;
@@ -45,6 +46,14 @@ WireMessage sample(std::mt19937& rng) {
       m.hellos.push_back(h);
     } else if (m.type == WireType::kGone) {
       m.gones.push_back({static_cast<int32_t>(rng() % 4096), static_cast<int32_t>(rng() % 3)});
+    } else if (m.type == WireType::kGroup) {
+      WireGroup g;
+      g.rank = static_cast<int32_t>(rng() % 4096);
+      g.group = (static_cast<uint64_t>(rng()) << 32) | rng();
+      g.group_size = 1 + static_cast<int32_t>(rng() % 64);
+      g.group_rank = static_cast<int32_t>(rng() % static_cast<uint32_t>(g.group_size));
+      std::snprintf(g.desc, sizeof(g.desc), "mesh_%u", static_cast<unsigned>(rng() % 100));
+      m.groups.push_back(g);
     } else {
       WireStall s;
       s.rank = static_cast<int32_t>(rng() % 4096);

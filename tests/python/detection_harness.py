@@ -15,6 +15,7 @@ from ranks import Ranks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_DDP = os.path.join(REPO, "examples", "python", "train_ddp.py")
+TRAIN_MESH = os.path.join(REPO, "examples", "python", "train_mesh.py")
 COORDINATOR = os.environ.get("TRAINSUP_COORDINATOR_BIN")
 NODE_MONITOR = os.environ.get("TRAINSUP_NODE_MONITOR_BIN")
 HOSTS = ["host-a", "host-a", "host-b", "host-b"]  # rank -> host
@@ -25,7 +26,7 @@ def available():
 
 
 class Job:
-    def __init__(self, workdir, train_args=(), env=None, world=4):
+    def __init__(self, workdir, train_args=(), env=None, world=4, script=TRAIN_DDP):
         self.workdir = workdir
         self.token = secrets.token_hex(16)
         self.started = time.monotonic()
@@ -51,7 +52,7 @@ class Job:
                         TRAINSUP_NODE_NAME=host, TRAINSUP_COORDINATOR=f"unix:{self.monitors[host][1]}",
                         **(env or {}))
 
-        self.job = Ranks(world, [sys.executable, TRAIN_DDP, *train_args], rank_env=rank_env,
+        self.job = Ranks(world, [sys.executable, script, *train_args], rank_env=rank_env,
                          env=dict(TRAINSUP_LOG_DIR=str(workdir / "logs"), TRAINSUP_CHECKPOINT_DIR=str(workdir / "ckpt"),
                                   TRAINSUP_LOG_STDERR="0", TRAINSUP_JOB_TOKEN=self.token),
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=False)
@@ -112,3 +113,5 @@ class Job:
             m.wait(timeout=30)
         self.coord.stdin.close()
         self.coord.wait(timeout=30)
+        with self.lock:  # the coordinator's last line: what it received
+            self.stopped = next((v for _, v in self.verdicts if v.get("event") == "stopped"), None)

@@ -29,6 +29,7 @@ class ControlledBackend : public c10d::Backend {
   }
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override { return next; }
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override { return next; }
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override { return next; }
   void startCoalescing() override {}
   c10::intrusive_ptr<c10d::Work> endCoalescing() override { return next; }
   c10::intrusive_ptr<c10d::Work> next;
@@ -97,41 +98,58 @@ TEST(TrackingBackendTest, CoalescedCollectivesAreOneRecordEndedByTheGroupsWork) 
   EXPECT_GT(last(tracker).exit_ns, 0);
 }
 
-// Only the job group's collectives get a number the coordinator matches across ranks: a
-// pipeline's sends and receives (alone or in a coalesced batch, as batch_isend_irecv issues
-// them) and a subgroup's collectives are tracked with job_seq 0 (issue 19, defect 1).
-TEST(TrackingBackendTest, PointToPointAndSubgroupOpsAreTrackedButNotMatched) {
+// Every op carries its group's identity and a number all members give it (issue 20): a
+// group's collectives are numbered in the group (a coalesced batch of them is one), a pipeline's
+// sends and receives per channel (also inside a coalesced batch, as batch_isend_irecv issues
+// them, each its own record) with the peer's global rank, so that P2P never shifts the
+// collectives' numbers (issue 19, defect 1); two groups count independently.
+TEST(TrackingBackendTest, OpsAreNumberedPerGroupAndPointToPointPerChannel) {
   CollectiveTracker tracker;
   auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
   CompletionWatcher& watcher = *unthreaded;
   auto inner = c10::make_intrusive<ControlledBackend>();
   inner->next = c10::make_intrusive<ControlledWork>();
-  TrackingBackend job(inner, tracker, watcher);
+  // A pipeline group of global ranks {4, 6}; this backend is its group rank 0 (global 4).
+  auto pp = std::make_shared<GroupSequencer>(groupId("pp"), std::vector<int>{4, 6});
+  TrackingBackend job(inner, tracker, watcher, pp);
   std::vector<at::Tensor> t{torch::ones({4})};
   job.allreduce(t, c10d::AllreduceOptions());
-  EXPECT_EQ(last(tracker).job_seq, 1u);
+  EXPECT_EQ(last(tracker).group, groupId("pp"));
+  EXPECT_EQ(last(tracker).group_seq, 1u);
+  EXPECT_EQ(last(tracker).peer, -1);
   job.send(t, 1, 0);
   EXPECT_EQ(last(tracker).op, CollectiveOp::kSend);
-  EXPECT_EQ(last(tracker).job_seq, 0u);
+  EXPECT_EQ(last(tracker).peer, 6) << "the peer's global rank";
+  EXPECT_EQ(last(tracker).group_seq, 1u) << "the first send on channel 4 -> 6";
   job.recv(t, 1, 0);
-  EXPECT_EQ(last(tracker).job_seq, 0u);
-  job.startCoalescing();  // batch_isend_irecv: one record, not matched
+  EXPECT_EQ(last(tracker).group_seq, 1u) << "the first receive on channel 6 -> 4";
+  job.startCoalescing();  // batch_isend_irecv: a record per op, ended by the batch's work
   job.send(t, 1, 0);
   job.recv(t, 1, 0);
+  auto records = tracker.recent(2);
+  EXPECT_EQ(records[0].op, CollectiveOp::kSend);
+  EXPECT_EQ(records[0].group_seq, 2u);
+  EXPECT_EQ(records[1].op, CollectiveOp::kRecv);
+  EXPECT_EQ(records[1].group_seq, 2u);
   job.endCoalescing();
-  EXPECT_EQ(last(tracker).job_seq, 0u);
-  job.startCoalescing();  // a coalesced batch of collectives is matched as one
+  job.startCoalescing();  // a coalesced batch of collectives is one record
   job.allreduce(t, c10d::AllreduceOptions());
   job.allreduce(t, c10d::AllreduceOptions());
   job.endCoalescing();
-  EXPECT_EQ(last(tracker).job_seq, 2u);
-  TrackingBackend subgroup(inner, tracker, watcher, /*job_group=*/false);
-  subgroup.allreduce(t, c10d::AllreduceOptions());
-  EXPECT_EQ(last(tracker).job_seq, 0u);
+  EXPECT_EQ(last(tracker).group_seq, 2u) << "P2P never shifts the group's collective numbers";
+  auto tp = std::make_shared<GroupSequencer>(groupId("tp"), std::vector<int>{4, 5});
+  TrackingBackend other(inner, tracker, watcher, tp);
+  other.allreduce(t, c10d::AllreduceOptions());
+  EXPECT_EQ(last(tracker).group, groupId("tp"));
+  EXPECT_EQ(last(tracker).group_seq, 1u);
   job.allreduce(t, c10d::AllreduceOptions());
-  EXPECT_EQ(last(tracker).job_seq, 3u) << "the job's numbering skips what it does not match";
-  EXPECT_EQ(last(tracker).seq, 7u);
-  EXPECT_EQ(tracker.stats().pending(), 7u) << "every op counts as one this rank waits in until it completes";
+  EXPECT_EQ(last(tracker).group_seq, 3u) << "each group counts its own";
+  TrackingBackend bare(inner, tracker, watcher);
+  bare.recvAnysource(t, 0);
+  EXPECT_EQ(last(tracker).group, kUnmatchedGroup) << "a receive from any source cannot be matched";
+  EXPECT_EQ(last(tracker).seq, 9u);
+  EXPECT_EQ(tracker.stats().pending(), 9u) << "every op counts as one this rank waits in until it completes";
+  TelemetryTesting::pollOnce(watcher);
 }
 
 TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecord) {

@@ -76,6 +76,8 @@ class PyCoordinator {
       d["gpus"] = v.gpus;
       d["seq"] = v.seq;
       d["op"] = v.op;
+      d["group"] = v.group;
+      d["other_op"] = v.other_op;
       d["section"] = v.section;
       d["step"] = v.step;
       d["evidence"] = v.evidence;
@@ -101,6 +103,8 @@ class PyCoordinator {
     d["conflicting_records"] = c.conflicting_records;
     d["accept_errors"] = c.accept_errors;
     d["deposed_verdicts"] = c.deposed_verdicts;
+    d["unknown_group_records"] = c.unknown_group_records;
+    d["bad_group_claims"] = c.bad_group_claims;
     return d;
   }
   void stop() { coordinator_->stop(); }

@@ -448,7 +448,9 @@ void bindTelemetry(py::module_& m) {
     for (const auto& r : CollectiveTracker::global().recent(n)) {
       py::dict d;
       d["seq"] = r.seq;
-      d["job_seq"] = r.job_seq;
+      d["group"] = r.group;
+      d["group_seq"] = r.group_seq;
+      d["peer"] = r.peer;
       d["op"] = collectiveOpName(r.op);
       d["bytes"] = r.bytes;
       d["enter_ns"] = r.enter_ns;
@@ -458,6 +460,19 @@ void bindTelemetry(py::module_& m) {
     }
     return out;
   }, py::arg("n") = 100);
+  m.def("tracked_groups", [] {
+    py::list out;
+    for (const auto& g : CollectiveTracker::global().groups()) {
+      py::dict d;
+      d["group"] = g.group;
+      d["name"] = g.name;
+      d["desc"] = g.desc;
+      d["group_rank"] = g.group_rank;
+      d["group_size"] = g.group_size;
+      out.append(d);
+    }
+    return out;
+  }, "This rank's tracked process groups: id, torch's name, description, its rank in it, size.");
 }
 
 // rank: the Supervisor facade and its scopes

@@ -32,14 +32,15 @@ PYBIND11_MODULE(_trainsup_torch, m) {
                              "the real backend (ProcessGroupGloo, ProcessGroupNCCL, ...)");
   m.def(
       "track_process_group",
-      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, bool job_group) {
+      [](const c10::intrusive_ptr<c10d::ProcessGroup>& group, std::vector<int> global_ranks, const std::string& desc) {
         return trainsup::trackProcessGroup(*group, trainsup::CollectiveTracker::global(),
-                                           trainsup::CompletionWatcher::global(), job_group);
+                                           trainsup::CompletionWatcher::global(), std::move(global_ranks), desc);
       },
-      py::arg("group"), py::arg("job_group") = true,
-      "Puts the tracking wrapper in front of each device type's backend of `group`; returns how "
-      "many it wrapped now (0 when already tracked). job_group: the job's (default) group, whose "
-      "collectives the coordinator matches across ranks; False for a subgroup.");
+      py::arg("group"), py::arg("global_ranks") = std::vector<int>{}, py::arg("desc") = "",
+      "Puts the tracking wrapper in front of each device type's backend of `group` and registers this "
+      "rank's membership (group id from the group's name); returns how many device types it wrapped now "
+      "(0 when already tracked). global_ranks: the members' global ranks by group rank (empty: the group "
+      "of all ranks); desc: the group's description (default: the group's own, e.g. 'mesh_tp').");
   m.def("hold_tracked_backends_until_exit", &trainsup::holdTrackedBackendsUntilExit,
         py::call_guard<py::gil_scoped_release>(),
         "At interpreter exit: keeps the tracked backends alive until the process ends, so that none "

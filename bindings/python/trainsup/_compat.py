@@ -45,3 +45,40 @@ def compiled_module_inner(obj: Any) -> Optional[Any]:
     import torch
     inner = getattr(obj, "_orig_mod", None)
     return inner if isinstance(obj, torch.nn.Module) and isinstance(inner, torch.nn.Module) else None
+
+
+def on_new_process_group(callback: Any) -> None:
+    """Calls callback(pg, global_ranks) for every process group this rank joins from now on
+    (global_ranks: the members' global ranks by group rank, or None when torch has registered
+    them itself and dist.get_process_group_ranks(pg) gives them). torch creates groups in
+    distributed_c10d._new_process_group_helper (init_process_group, new_group, new_subgroups,
+    DeviceMesh's new_group path; it is given the members' global ranks, [] for the default
+    group) and split_group (DeviceMesh's split path, which imported it by name). Both are
+    looked up in their module at call time, so wrapping the module attribute catches them."""
+    import sys
+    import torch.distributed as dist
+    c10d = dist.distributed_c10d
+    helper = c10d._new_process_group_helper
+
+    def _new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
+        result = helper(*args, **kwargs)
+        pg = result[0] if isinstance(result, tuple) else result
+        if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
+            ranks = args[2] if len(args) > 2 else kwargs.get("global_ranks_in_group")
+            callback(pg, list(ranks) if ranks else list(range(pg.size())))  # []: every rank
+        return result
+    c10d._new_process_group_helper = _new_process_group_helper
+    split = getattr(c10d, "split_group", None)
+    if split is None:
+        return
+
+    def split_group(*args: Any, **kwargs: Any) -> Any:
+        pg = split(*args, **kwargs)
+        if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
+            callback(pg, None)
+        return pg
+    split_group.__doc__ = split.__doc__
+    c10d.split_group = split_group
+    for module in (dist, sys.modules.get("torch.distributed.device_mesh")):
+        if module is not None and getattr(module, "split_group", None) is split:
+            setattr(module, "split_group", split_group)

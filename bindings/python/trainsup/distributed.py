@@ -1,21 +1,30 @@
 """torch.distributed with trainsup's collective tracker in the path of every collective.
 
 ``trainsup.init_process_group(backend="gloo", **kwargs)`` calls
-``torch.distributed.init_process_group`` with the same arguments, then puts a C++
-``TrackingBackend`` in front of the default group's backend for each of its device types.
-Every collective that group dispatches — explicit ``dist.all_reduce`` calls, the bucketed
-all-reduces DistributedDataParallel issues from C++ autograd hooks, FSDP's all-gathers and
-reduce-scatters — passes through the wrapper, which records sequence number, op, bytes and the
-enter time in the process-wide CollectiveTracker, forwards the call unchanged, and has the work
-polled until it has really finished (``Work.isCompleted()``: CUDA events for NCCL), so a
-collective that hangs on the GPU stays in flight.
+``torch.distributed.init_process_group`` with the same arguments and puts a C++
+``TrackingBackend`` in front of the backend of **every process group the job creates**, for each
+of its device types: the default group, ``new_group``, ``new_subgroups``, ``split_group``, and
+the groups of ``init_device_mesh`` and its slices (every DeviceMesh dimension). Every collective
+and point-to-point op such a group dispatches — ``dist.all_reduce``, DDP's bucketed
+all-reduces from C++ autograd hooks, FSDP2's all-gathers and reduce-scatters, DTensor's TP
+collectives, pipeline send/recv, isend/irecv and ``batch_isend_irecv`` — passes through the
+wrapper, which records the op, bytes, enter time, the group's identity (the same on every
+member: a hash of the group's name), the group's own sequence number (for point-to-point ops,
+the channel's: the k-th send from a to b meets b's k-th receive from a) and the peer, forwards
+the call unchanged, and has the work polled until it has really finished (``Work.isCompleted()``:
+CUDA events for NCCL), so a collective that hangs on the GPU stays in flight. Each rank also
+tells the job coordinator its rank in each group and the group's description (a mesh
+dimension's name, ``mesh_tp``), from which the coordinator knows every group's members.
 
-The job is otherwise unchanged: ``dist.get_backend()`` says ``gloo`` or ``nccl``,
-``monitored_barrier``, ``new_group`` (its subgroups are not tracked unless given to
-``track_process_group``, and never matched across ranks: detection follows the default group's
-sequence; point-to-point ops are tracked but not matched either), DDP, FSDP and
-``torch.distributed.checkpoint`` work as without
-trainsup. One visible difference: ``group._get_backend(device)`` returns the wrapper;
+How groups are found without a change to the model code: torch creates every group through
+``distributed_c10d._new_process_group_helper`` (which is given the members' global ranks) or
+``split_group``; trainsup wraps both once, at ``trainsup.init_process_group``
+(``_compat.on_new_process_group``; DeviceMesh's groups are caught too). A group created before
+that is tracked by ``track_process_group(group)``.
+
+The job is otherwise unchanged: ``dist.get_backend()`` says ``gloo`` or ``nccl``;
+``monitored_barrier``, DDP, FSDP, DeviceMesh and ``torch.distributed.checkpoint`` work as
+without trainsup. One visible difference: ``group._get_backend(device)`` returns the wrapper;
 ``inner_backend()`` gives the real one.
 """
 from typing import Any, Dict, List, Optional
@@ -25,7 +34,7 @@ import torch.distributed as dist
 from . import _compat, _trainsup
 
 __all__ = ["init_process_group", "track_process_group", "inner_backend", "tracking_available",
-           "collective_stats", "recent_collectives"]
+           "collective_stats", "recent_collectives", "tracked_groups"]
 
 
 def tracking_available() -> bool:
@@ -37,18 +46,42 @@ def tracking_available() -> bool:
 
 
 def track_process_group(group: Optional[Any] = None) -> int:
-    """Puts the tracking wrapper in front of `group`'s backends (default: the default group).
-    Returns how many device types it wrapped now; 0 when the group was tracked already.
+    """Puts the tracking wrapper in front of `group`'s backends (default: the default group)
+    and registers this rank's membership of it. Returns how many device types it wrapped now;
+    0 when the group was tracked already (or this rank is not its member).
 
-    Only the default group's collectives are matched across ranks by the job coordinator
-    (every rank issues them in the same order). A subgroup's ops, and point-to-point ops on
-    any group, are tracked for this rank's own view (they count as pending while it waits in
-    them) but never matched: a subgroup's members and a pipeline stage's peers issue different
-    numbers of them."""
+    ``trainsup.init_process_group`` calls this for every group the job creates; call it
+    yourself only for a group created before that."""
     from . import _trainsup_torch
-    default = _compat.default_group()
-    group = group if group is not None else default
-    return _trainsup_torch.track_process_group(group, job_group=group is default)
+    group = group if group is not None else _compat.default_group()
+    if group is None or group is dist.GroupMember.NON_GROUP_MEMBER:
+        return 0
+    ranks = dist.get_process_group_ranks(group)
+    desc = getattr(group, "group_desc", "") or ""
+    return _trainsup_torch.track_process_group(group, global_ranks=list(ranks), desc=desc)
+
+
+_hooked = False
+
+
+def _track_new_group(pg: Any, global_ranks: Optional[List[int]] = None) -> None:
+    from . import _trainsup_torch
+    try:
+        if global_ranks is None:
+            global_ranks = list(dist.get_process_group_ranks(pg))
+        desc = getattr(pg, "group_desc", "") or ""
+        _trainsup_torch.track_process_group(pg, global_ranks=list(global_ranks), desc=desc)
+    except Exception as e:  # never break the user's group creation
+        import warnings
+        warnings.warn(f"trainsup: could not track process group {getattr(pg, 'group_name', pg)!r}: {e}")
+
+
+def _hook_group_creation() -> None:
+    """Has every process group created from now on tracked (once per process)."""
+    global _hooked
+    if not _hooked:
+        _compat.on_new_process_group(_track_new_group)
+        _hooked = True
 
 
 def inner_backend(group: Optional[Any] = None, device: str = "cpu") -> Any:
@@ -61,13 +94,15 @@ def inner_backend(group: Optional[Any] = None, device: str = "cpu") -> Any:
 
 def init_process_group(backend: Optional[str] = None, **kwargs: Any) -> Any:
     """Initializes torch.distributed like dist.init_process_group (same arguments, same
-    result), with every collective of the default group tracked."""
+    result), with every collective and point-to-point op of every process group tracked: the
+    default group and every group created after it."""
     if not tracking_available():
         raise ImportError("trainsup.init_process_group: the _trainsup_torch extension is missing from "
                           "this build (built without torch?); reinstall trainsup into an environment "
                           "that has torch: pip install --no-build-isolation trainsup")
+    _hook_group_creation()
     result = dist.init_process_group(backend=backend, **kwargs)
-    track_process_group()
+    track_process_group()  # idempotent: the hook tracked it already where torch registers it
     from . import _live, _abort_torch_distributed, _nccl_initialized
     if _nccl_initialized():
         # Supervisors created before the process group: abort it on their abort paths too.
@@ -82,6 +117,12 @@ def collective_stats() -> Dict[str, Any]:
 
 
 def recent_collectives(n: int = 100) -> List[Dict[str, Any]]:
-    """The newest n collective records (seq, job_seq, op, bytes, enter_ns, exit_ns, ok), oldest
-    first; job_seq is 0 for ops the coordinator does not match (point-to-point, subgroups)."""
+    """The newest n collective records (seq, group, group_seq, peer, op, bytes, enter_ns,
+    exit_ns, ok), oldest first; group is 0 for ops the coordinator does not match (a receive
+    from any source)."""
     return _trainsup.recent_collectives(n)
+
+
+def tracked_groups() -> List[Dict[str, Any]]:
+    """This rank's tracked process groups: group (id), name, desc, group_rank, group_size."""
+    return _trainsup.tracked_groups()

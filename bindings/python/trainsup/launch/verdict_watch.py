@@ -193,7 +193,8 @@ class VerdictWatch:
             return
         self._handled.add(key)
         a.events.write("verdict", round=a.round, kind=v["kind"], ranks=v["ranks"], hosts=v["hosts"],
-                       section=v.get("section", ""), evidence=v.get("evidence", ""))
+                       section=v.get("section", ""), group=v.get("group", ""), op=v.get("op", ""),
+                       seq=v.get("seq", 0), other_op=v.get("other_op", ""), evidence=v.get("evidence", ""))
         culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
         if culprits and culprits[0] != a.node and a.liveness.isolated_from(culprits[0]):
             a.events.write("verdict_withheld", round=a.round, kind=v["kind"], hosts=v["hosts"],

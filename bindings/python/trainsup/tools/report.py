@@ -87,6 +87,7 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
                     break
         inc = {
             "round": v.get("round"), "verdict": v["kind"], "hosts": v.get("hosts", []), "section": v.get("section", ""),
+            "group": v.get("group", ""), "op": v.get("op", ""), "seq": v.get("seq", 0), "other_op": v.get("other_op", ""),
             "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed, "saved_time": saved,
             "restored_step": restored["step"] if restored else None,
             "detection_s": (v["time"] - fault) if fault is not None else None,
@@ -134,6 +135,10 @@ def text_report(a: Dict[str, Any], rows: List[Event]) -> str:
         fmt = lambda x: "?" if x is None else f"{x:.2f} s"  # noqa: E731
         out.append(f"\nincident {n} (round {i['round']}): {i['verdict']} on {', '.join(i['hosts'])}"
                    + (f" in section '{i['section']}'" if i["section"] else ""))
+        if i.get("group"):
+            # Which collective: the group (its mesh dimension), the op and its number in the group.
+            out.append(f"  at {i['op']} #{i['seq']} of group '{i['group']}'"
+                       + (f"; the named rank(s) entered {i['other_op']}" if i.get("other_op") else ""))
         out.append(f"  detection {fmt(i['detection_s'])}, replay since the checkpoint {fmt(i['replay_s'])} "
                    f"(resumed from step {i['restored_step']}), restart {fmt(i['restart_s'])}: "
                    f"{i['lost_s']:.2f} s lost")

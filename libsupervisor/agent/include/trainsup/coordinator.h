@@ -70,6 +70,8 @@ class TRAINSUP_EXPORT Coordinator {
     uint64_t accept_errors = 0;        // failed accepts (e.g. out of descriptors), retried
     uint64_t deposed_verdicts = 0;     // verdicts after a node monitor moved to a new coordinator:
                                        // counted, not reported (this one was replaced)
+    uint64_t unknown_group_records = 0;  // collective records naming a group nobody claimed: dropped
+    uint64_t bad_group_claims = 0;       // group claims contradicting the known members: dropped
   };
   Counters counters() const;
   // What the coordinator knows of every rank (from start() and the hellos since), for a

@@ -2,10 +2,23 @@
 //
 // Pure logic (no threads, no network, no clock of its own): the job coordinator feeds it the
 // telemetry of every rank, stamped with the coordinator's clock on arrival, and calls
-// evaluate(now) periodically. It follows Alibaba's C4D:
-// - hung collective: collective `seq` was entered by some ranks and has not completed within
-//   its budget (a multiple of a high percentile of that op's past durations, with a floor and
-//   a warm-up allowance). Ranks that never entered it are the culprits; if every rank entered
+// evaluate(now) periodically. Collectives are matched per process group (issue 20): each rank
+// claims its membership of a group (onGroup: its rank in it, the group's size, its description,
+// e.g. a DeviceMesh dimension "mesh_tp"), and the detector assembles the members from the
+// claims. A collective is (group, per-group seq); a point-to-point op is (group, sender,
+// receiver, per-channel seq), whose two members are the sender and the receiver. Group 0 is the
+// implicit group of all ranks (no claims needed). A record of a group nobody claimed, or from a
+// rank that is not its member, is counted and dropped. It follows Alibaba's C4D:
+// - hung collective: collective `seq` of a group was entered by some members and has not
+//   completed within its budget (a multiple of a high percentile of that op's past durations,
+//   with a floor and a warm-up allowance). Members that never entered it are the culprits —
+//   unless such a member is itself waiting in another open collective (of any group) that some
+//   of its members never entered: then the chain is followed to its root, the rank that is in
+//   no collective (rank 0 waits in dp for rank 2, rank 2 in tp for rank 3: rank 3), and the
+//   verdict names the root with the group, op and seq it never entered, and the chain. A chain
+//   that closes on itself through collectives only (ranks that entered different collectives and
+//   wait for each other) is a desync; one that closes through a point-to-point op ends at the
+//   rank that issued it (an irecv posted early does not block its rank). If every member entered
 //   and some completed, the ones that did not are; if every rank entered and none completed,
 //   the fault is in communication: say so, name the participants. When every rank entered,
 //   the verdict waits network_grace_s more: a network that drops out for a few seconds and
@@ -20,6 +33,14 @@
 //   straggler naming the slow host(s), and named hung only once open slow_link_multiplier x its
 //   budget; a rank on a slow host gets the same multiple of the silence timeout. A slow host is
 //   a straggler, not a dead one; a real hang is still named, later.
+// - desync: at the same (group, seq), members entered different ops, or the same op with
+//   different sizes (allreduce, broadcast, reduce, allgather, reduce_scatter, barrier, send and
+//   recv must agree): reported once every member entered it or it has been open for the hang
+//   floor, naming the minority (all differing ranks when there is no majority) with both ops —
+//   Flight Recorder's mismatch analysis, live. A program's error: no host is at fault.
+// - a rank whose own watchdog reports a stall while it waits in an open collective that some
+//   member never entered is not the culprit: the chain from it is resolved and its root named
+//   at once (hung_rank), before any step budget can make a waiting rank look guilty.
 // - silent rank: no telemetry for heartbeat_timeout_s (SIGSTOP, a frozen host), or its
 //   connection closed (SIGKILL, a crash).
 // - stalled rank: the rank's own watchdog reported a section over its budget.
@@ -30,7 +51,8 @@
 //   least, so per collective lateness(r) = max wait - wait(r), waits measured on each rank's
 //   own clock. A rank that is the latest in most collectives of `straggler_windows` consecutive
 //   windows, by a margin above straggler_min_fraction of the job's median collective wait, is a
-//   straggler. A slowdown shared by all ranks shifts every wait alike and names nobody.
+//   straggler. A slowdown shared by all ranks shifts every wait alike and names nobody. Scored
+//   over the collectives of groups of all ranks.
 // Each verdict is reported once. Not thread-safe: one caller (the coordinator's loop).
 #pragma once
 
@@ -79,6 +101,7 @@ enum class VerdictKind {
   kFailedRank,   // the rank ended with an error it reported itself (the program's, not the host's)
   kStoppedRank,  // a hang, silence, death or stall of ranks that were all asked to stop (SIGTERM:
                  // a scheduler taking the node back): they are leaving on purpose, no host fault
+  kDesync,       // members of a group issued different collectives at the same seq: the program's fault
 };
 TRAINSUP_EXPORT const char* verdictKindName(VerdictKind kind);
 
@@ -88,8 +111,10 @@ struct Verdict {
   std::vector<std::string> hosts;  // their hosts, same order
   std::vector<int> local_ranks;    // their local ranks, same order
   std::vector<std::string> gpus;   // their GPUs ("index:uuid", empty when unknown), same order
-  uint64_t seq = 0;                // the collective, where one is involved
+  uint64_t seq = 0;                // the collective (per-group seq), where one is involved
   std::string op;
+  std::string group;               // its group: description (mesh dimension) or "group <id>"
+  std::string other_op;            // desync: what the culprits entered instead ("broadcast 4096 B")
   std::string evidence;            // human-readable: what was seen, against which budget
   std::string section;             // the first culprit's section, where known (e.g. "forward")
   int64_t step = -1;               // ...and its step
@@ -99,9 +124,24 @@ class TRAINSUP_EXPORT Detector {
  public:
   Detector(std::vector<RankInfo> ranks, DetectorOptions options = {});
 
-  void onEnter(int rank, uint64_t seq, CollectiveOp op, uint64_t bytes, int64_t now_ns);
+  // Rank `rank` is member `group_rank` of `group_size` of `group` (desc: "mesh_tp", may be empty).
+  void onGroup(int rank, uint64_t group, int group_rank, int group_size, const std::string& desc);
+  // The `seq`-th op of `group` (point-to-point: of the channel to or from `peer`).
+  void onEnter(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, uint64_t bytes, int64_t now_ns);
   // `wait_ns`: exit - enter on the rank's own clock.
-  void onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns);
+  void onExit(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int64_t wait_ns, int64_t now_ns);
+  // The implicit group of all ranks (group 0).
+  void onEnter(int rank, uint64_t seq, CollectiveOp op, uint64_t bytes, int64_t now_ns) {
+    onEnter(rank, 0, seq, -1, op, bytes, now_ns);
+  }
+  void onExit(int rank, uint64_t seq, int64_t wait_ns, int64_t now_ns) {
+    onExit(rank, 0, seq, -1, CollectiveOp::kOther, wait_ns, now_ns);
+  }
+  struct Counters {
+    uint64_t unknown_group = 0;  // records naming a group nobody claimed, or from a non-member
+    uint64_t bad_claims = 0;     // group claims that contradict what is known, or out of range
+  };
+  const Counters& counters() const { return counters_; }
   void onHeartbeat(int rank, int64_t now_ns);
   // Where the rank's training loop was at its last heartbeat (innermost section, step, time in
   // it); verdicts about the rank quote it.
@@ -132,25 +172,70 @@ class TRAINSUP_EXPORT Detector {
   int64_t budgetNs(CollectiveOp op, bool* learned = nullptr) const;
 
  private:
+  struct Group {
+    std::string desc;
+    int size = 0;
+    std::vector<int> members;                  // by group rank; -1: not claimed yet
+    std::map<int, int> group_rank_of;          // global rank -> group rank
+  };
+  // A collective: (group, -1, -1, seq). A point-to-point op: (group, sender, receiver, seq).
+  struct OpKey {
+    uint64_t group = 0;
+    int src = -1, dst = -1;
+    uint64_t seq = 0;
+    bool operator<(const OpKey& o) const {
+      if (group != o.group) return group < o.group;
+      if (src != o.src) return src < o.src;
+      if (dst != o.dst) return dst < o.dst;
+      return seq < o.seq;
+    }
+  };
   struct Pending {
     CollectiveOp op = CollectiveOp::kOther;
     uint64_t bytes = 0;
     int64_t first_enter_ns = 0;
+    std::vector<int> members;      // global ranks by slot (-1: a member not claimed yet)
     std::vector<int64_t> wait_ns;  // -1: not exited
     std::vector<bool> entered;
+    std::vector<CollectiveOp> ops;      // what each slot entered
+    std::vector<uint64_t> bytes_of;
     int entered_count = 0, exited_count = 0;
+    bool mismatch = false;       // slots entered different ops or sizes
     bool reported = false;
     bool slow_reported = false;  // reported as held by a slow link (a straggler verdict)
   };
+  Group* findGroup(uint64_t group);
+  // The pending entry of a record, created on first sight; nullptr (counted) when the record
+  // names no known group or comes from a non-member. `slot`: the rank's slot in it.
+  Pending* pendingFor(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int* slot,
+                      OpKey* key = nullptr);
+  std::string describe(const OpKey& key, const Pending& p) const;  // "allreduce #5 of group 'mesh_tp'"
+  std::string groupName(uint64_t group) const;
+  // The open ops `rank` entered and has not exited, oldest first.
+  std::vector<std::pair<OpKey, Pending*>> waitingIn(int rank);
+  struct Chain {
+    std::vector<int> roots;          // the ranks at the end of the chain(s)
+    OpKey key;                       // the op the (first) root never entered
+    Pending* at = nullptr;
+    std::string path;                // "rank 0 waits in ... for rank 2; ..."
+    std::vector<int> cycle;          // non-empty: the chain closed on itself through collectives
+    std::vector<Pending*> links;     // every op followed (reported with the verdict)
+    bool judged = false;             // it reaches an op judged already: the same fault, said once
+  };
+  // Follows `missing` (members that never entered `key`) to the ranks they wait for.
+  Chain resolve(const OpKey& key, Pending& p, const std::vector<int>& missing);
+  void desyncVerdicts(int64_t now_ns, std::vector<Verdict>& out);
   bool onSlowHost(int rank) const;
-  void complete(uint64_t seq, Pending& p);
+  void complete(Pending& p);
   Verdict make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq = 0,
-               const std::string& op = "") const;
+               const std::string& op = "", uint64_t group = 0) const;
 
   std::vector<RankInfo> ranks_;
   const DetectorOptions options_;
   const int world_;
-  std::map<uint64_t, Pending> pending_;  // open collectives by seq
+  std::map<uint64_t, Group> groups_;
+  std::map<OpKey, Pending> pending_;  // open collectives
+  Counters counters_;
   std::vector<int64_t> last_seen_ns_;
   struct Progress {
     int64_t step = -1;

@@ -12,11 +12,13 @@
 // against torch 2.x's c10d::Backend (torch >= 2.9; the virtuals added since are forwarded
 // where the installed torch has them, TRAINSUP_TORCH_AT_LEAST below).
 //
-// Which records the coordinator matches across ranks (collective_tracker.h): the collectives
-// of the job's group (`job_group`: the default group, which every rank runs in the same order).
-// Point-to-point ops (send, recv, and the coalesced batches of batch_isend_irecv) and every op
-// of another group are tracked unmatched: the rank's own view counts them as pending, the
-// cross-rank match never sees them.
+// How records are matched across ranks (collective_tracker.h, issue 20): every op carries its
+// group's identity and a number every member gives it. A GroupSequencer, shared by the wrappers
+// of one group's device types, numbers the group's collectives (a coalesced batch of
+// collectives is one) and each point-to-point channel (the k-th send from a to b meets b's k-th
+// receive from a), and maps a peer's group rank to its global rank. Each point-to-point op is
+// its own record, also inside a coalesced batch (batch_isend_irecv), ended by the batch's work.
+// A receive from any source is tracked unmatched (kUnmatchedGroup): nobody can say from which peer.
 //
 // trackProcessGroup() puts a wrapper in front of a process group's backend for each of its
 // device types, so that everything dispatched through ProcessGroup::getBackend(device) —
@@ -32,7 +34,11 @@
 #include <torch/version.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "trainsup/collective_tracker.h"
 #include "trainsup/completion_watcher.h"
@@ -42,11 +48,34 @@
 
 namespace trainsup {
 
+// Numbers one process group's ops as every member does. Thread-safe.
+class TRAINSUP_EXPORT GroupSequencer {
+ public:
+  // `global_ranks`: the members' global ranks by group rank (empty: group rank = global rank).
+  // `id` kUnmatchedGroup: a group whose records are not matched.
+  GroupSequencer(uint64_t id, std::vector<int> global_ranks);
+  uint64_t id() const { return id_; }
+  int globalRank(int group_rank) const;
+  uint64_t nextCollective();
+  uint64_t nextSend(int peer_global);
+  uint64_t nextRecv(int peer_global);
+
+ private:
+  const uint64_t id_;
+  const std::vector<int> global_ranks_;
+  std::mutex mu_;
+  uint64_t collectives_ = 0;                 // guarded by mu_
+  std::unordered_map<int, uint64_t> sends_;  // guarded by mu_: by receiver
+  std::unordered_map<int, uint64_t> recvs_;  // guarded by mu_: by sender
+};
+
 class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
  public:
+  // `group`: the sequencer of the group this backend serves; null: an unmatched one.
   explicit TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner,
                            CollectiveTracker& tracker = CollectiveTracker::global(),
-                           CompletionWatcher& watcher = CompletionWatcher::global(), bool job_group = true);
+                           CompletionWatcher& watcher = CompletionWatcher::global(),
+                           std::shared_ptr<GroupSequencer> group = nullptr);
 
   const c10::intrusive_ptr<c10d::Backend>& inner() const { return inner_; }
 
@@ -129,28 +158,34 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
 
  private:
   template <class F>
-  c10::intrusive_ptr<c10d::Work> track(CollectiveOp op, uint64_t bytes, F&& call, bool p2p = false);
+  c10::intrusive_ptr<c10d::Work> track(CollectiveOp op, uint64_t bytes, F&& call);
+  // A send (peer_group_rank: the receiver) or receive (the sender; -1: any source).
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> trackP2P(CollectiveOp op, uint64_t bytes, int peer_group_rank, F&& call);
   void watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
 
   c10::intrusive_ptr<c10d::Backend> inner_;  // set at construction; reset by release_resources()
   CollectiveTracker& tracker_;
   CompletionWatcher& watcher_;
-  const bool job_group_;            // set at construction: this group's collectives are matched
+  const std::shared_ptr<GroupSequencer> group_;  // set at construction; never null
   std::mutex coalescing_mu_;
   bool coalescing_ = false;         // guarded by coalescing_mu_
   uint64_t coalesced_bytes_ = 0;    // guarded by coalescing_mu_
   CollectiveOp coalesced_op_ = CollectiveOp::kOther;  // guarded by coalescing_mu_
   int coalesced_ops_ = 0;           // guarded by coalescing_mu_
-  bool coalesced_p2p_ = false;      // guarded by coalescing_mu_: the batch holds a send or recv
+  std::vector<uint64_t> coalesced_p2p_;  // guarded by coalescing_mu_: the batch's send/recv records
 };
 
 // Wraps the backend of each device type of `group` in a TrackingBackend (one wrapper per
-// distinct backend object). Returns how many device types it wrapped now (0 when the group was
-// tracked already). `job_group`: whether `group` is the job's group (the default one, every
-// rank in it) whose collectives the coordinator matches; false for a subgroup.
+// distinct backend object, one GroupSequencer for the group) and registers this rank's
+// membership with the tracker: id groupId(group name), its rank in the group, the group's size
+// and `desc` (default: the group's description, e.g. "mesh_tp"). `global_ranks`: the members'
+// global ranks by group rank (empty: the group of all ranks, group rank = global rank). Returns
+// how many device types it wrapped now (0 when the group was tracked already).
 TRAINSUP_EXPORT int trackProcessGroup(c10d::ProcessGroup& group,
                                       CollectiveTracker& tracker = CollectiveTracker::global(),
-                                      CompletionWatcher& watcher = CompletionWatcher::global(), bool job_group = true);
+                                      CompletionWatcher& watcher = CompletionWatcher::global(),
+                                      std::vector<int> global_ranks = {}, const std::string& desc = "");
 
 // At interpreter exit (trainsup's atexit handler, before the interpreter is torn down): keeps
 // every backend trackProcessGroup() wrapped that is still alive, and the real backend behind
