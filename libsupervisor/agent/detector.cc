@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <set>
+#include <tuple>
 
 namespace trainsup {
 namespace {
@@ -287,6 +289,7 @@ void Detector::onRankStalled(int rank, const std::string& section, int64_t step,
     if (p->reported) return;      // judged already
     OpKey k = key;
     Chain c = resolve(k, *p, missing);
+    if (c.inside != nullptr && c.cycle.empty()) return;  // ends inside a collective all entered: judged by its budget
     for (Pending* link : c.links) link->reported = true;
     if (c.judged) return;  // the chain ends in a fault named already
     const std::string why = "rank " + std::to_string(rank) + " reports section '" + section + "' (step " +
@@ -506,6 +509,9 @@ Detector::Chain Detector::resolve(const OpKey& key, Pending& p, const std::vecto
       }
       if (follow == nullptr) {
         c.roots.push_back(r);
+        // Inside a collective every member entered (held by the network, a slow link, or stuck
+        // inside): that collective's own judgement (network grace, slow link) decides.
+        if (!waits.empty() && c.inside == nullptr) c.inside = waits.front().second;
         continue;
       }
       const Pending& q = *follow->second;
@@ -650,9 +656,14 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   }
   std::stable_sort(open.begin(), open.end(),
                    [](const auto& x, const auto& y) { return x.second->first_enter_ns < y.second->first_enter_ns; });
+  // A stream (a group's collectives, or one point-to-point channel) whose op is held over its
+  // budget for the network or a slow link: its later ops are stuck behind that one, not hung.
+  std::set<std::tuple<uint64_t, int, int>> held;
   for (auto& [key, pp] : open) {
     Pending& p = *pp;
     if (p.reported) continue;  // reported as a link of an earlier chain in this pass
+    const auto stream = std::make_tuple(key.group, key.src, key.dst);
+    if (held.count(stream) != 0) continue;
     bool learned = false;
     int64_t budget = budgetNs(p.op, &learned);
     int64_t open_for = now_ns - p.first_enter_ns;
@@ -685,10 +696,25 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                            key.seq, collectiveOpName(p.op), key.group));
       }
       budget = extended;
-      if (open_for <= budget) continue;
+      if (open_for <= budget) {
+        held.insert(stream);
+        continue;
+      }
     }
     const int64_t confirm_ns = static_cast<int64_t>(options_.network_grace_s * 1e9);
-    if (missing.empty() && open_for <= budget + confirm_ns) continue;  // every rank entered: the network may recover
+    if (missing.empty() && open_for <= budget + confirm_ns) {  // every rank entered: the network may recover
+      held.insert(stream);
+      continue;
+    }
+    if (!missing.empty() && slow_ranks.empty()) {
+      Chain probe = resolve(key, p, missing);
+      if (probe.inside != nullptr && probe.cycle.empty()) {
+        // The ranks it waits for are inside a collective every member entered: that one is
+        // judged on its own (with the network's grace), this one is only stuck behind it.
+        held.insert(stream);
+        continue;
+      }
+    }
     p.reported = true;
     std::string what = describe(key, p) + " (" + std::to_string(p.bytes) + " bytes) open for " + fmtS(open_for) +
                        ", budget " + fmtS(budget) + (learned ? " (learned)" : " (warm-up)");

@@ -310,5 +310,44 @@ TEST(GroupDetectorTest, UnknownGroupsAndContradictingClaimsAreCountedAndDropped)
   }
 }
 
+// The network holds collective #41 on rank 0 (every rank entered it, the others completed it);
+// the others enter #42, which rank 0 cannot reach. #42 is only stuck behind #41: nobody is named
+// until #41's own budget and the network's grace have passed, and then rank 0 as stuck inside
+// #41, not as never having entered #42. (The lossy-link scenario named healthy host-a from #42.)
+TEST(GroupDetectorTest, ACollectiveStuckBehindOneHeldByTheNetworkIsNotJudgedOnItsOwn) {
+  for (bool slow_link : {false, true}) {
+    Detector det(fourRanks(), Mesh::options());
+    for (int r = 0; r < 4; ++r) det.onGroup(r, 7, r, 4, "default_pg");
+    int64_t t = 0;
+    for (uint64_t s = 1; s <= 40; ++s, t += 100 * kMs) {
+      for (int r = 0; r < 4; ++r) det.onEnter(r, 7, s, -1, CollectiveOp::kAllreduce, 4096, t);
+      for (int r = 0; r < 4; ++r) det.onExit(r, 7, s, -1, CollectiveOp::kAllreduce, kMs, t + kMs);
+    }
+    if (slow_link) det.setSlowHosts({"host-b"});
+    const int64_t t0 = t;
+    for (int r = 0; r < 4; ++r) det.onEnter(r, 7, 41, -1, CollectiveOp::kAllreduce, 4096, t0);
+    for (int r : {1, 2, 3}) det.onExit(r, 7, 41, -1, CollectiveOp::kAllreduce, kMs, t0 + kMs);
+    for (int r : {1, 2, 3}) det.onEnter(r, 7, 42, -1, CollectiveOp::kAllreduce, 4096, t0 + 50 * kMs);
+    std::vector<Verdict> seen;
+    for (int64_t now = t0; now <= t0 + 7900 * kMs; now += 100 * kMs) {
+      for (int r = 0; r < 4; ++r) det.onHeartbeat(r, now);
+      for (auto& v : det.evaluate(now)) seen.push_back(v);
+    }
+    for (const auto& v : seen) {
+      EXPECT_EQ(v.kind, VerdictKind::kStraggler) << "before #41's budget + grace: " << v.evidence;
+      EXPECT_EQ(v.seq, 41u) << v.evidence;
+    }
+    if (slow_link) continue;  // held 6 x longer; the slow-link tests cover what follows
+    for (int64_t now = t0 + 8 * kS; now <= t0 + 9 * kS && seen.empty(); now += 100 * kMs) {
+      for (int r = 0; r < 4; ++r) det.onHeartbeat(r, now);
+      seen = det.evaluate(now);
+    }
+    ASSERT_EQ(seen.size(), 1u);
+    EXPECT_EQ(seen[0].kind, VerdictKind::kHungRank) << seen[0].evidence;
+    EXPECT_EQ(seen[0].ranks, std::vector<int>{0}) << seen[0].evidence;
+    EXPECT_EQ(seen[0].seq, 41u) << "stuck inside #41, not absent from #42: " << seen[0].evidence;
+  }
+}
+
 }  // namespace
 }  // namespace trainsup

@@ -221,6 +221,7 @@ class TRAINSUP_EXPORT Detector {
     std::vector<int> cycle;          // non-empty: the chain closed on itself through collectives
     std::vector<Pending*> links;     // every op followed (reported with the verdict)
     bool judged = false;             // it reaches an op judged already: the same fault, said once
+    Pending* inside = nullptr;       // a root waits inside an op every member entered: judged on its own
   };
   // Follows `missing` (members that never entered `key`) to the ranks they wait for.
   Chain resolve(const OpKey& key, Pending& p, const std::vector<int>& missing);
