@@ -1,7 +1,12 @@
 // How many ranks one coordinator core keeps up with. Simulated node monitors (8 ranks each)
-// send, over loopback TCP, what a rank sends through its node monitor: 10 collective records
-// per second (synchronized collectives, every rank in each) and 1 heartbeat per second. The
-// coordinator runs its real decode + detector path on its one I/O thread.
+// send, over loopback TCP, what a rank sends through its node monitor, in one of two modes:
+// - world: 10 collective records per second (synchronized collectives, every rank in each) and
+//   1 heartbeat per second;
+// - mesh (issue 20): the record rate of a tensor-parallel job on a DeviceMesh: each node is one
+//   tp group of 8, the ranks with the same local index across nodes form a dp group; per rank
+//   per second 40 tp all-reduce records and 10 dp reduce-scatter records, each matched in its
+//   own group, plus 1 heartbeat; every rank first claims its place in both groups.
+// The coordinator runs its real decode + detector path on its one I/O thread.
 //
 // Two phases, each in real time for `seconds`:
 //   1. `ranks` simulated ranks: the coordinator must process every record sent (it keeps up)
@@ -12,7 +17,7 @@
 //      with the coordinator's load at most one core.
 // Final line: {"bench":"coordinator", "coordinator_ranks_per_core": ..., ...}
 //
-//   trainsup_bench_coordinator [ranks=16384] [seconds=5]
+//   trainsup_bench_coordinator [ranks=16384] [seconds=5] [world|mesh]
 #include <pthread.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -23,6 +28,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "telemetry/telemetry_wire.h"
@@ -55,7 +61,7 @@ struct Phase {
   bool kept_up = false;
 };
 
-Phase run(int ranks, double seconds) {
+Phase run(int ranks, double seconds, bool mesh) {
   Phase out;
   out.ranks = ranks;
   std::vector<trainsup::RankInfo> infos;
@@ -88,6 +94,22 @@ Phase run(int ranks, double seconds) {
     std::mt19937 rng(1);
     const auto tick = std::chrono::milliseconds(100);  // 10 collectives per second per rank
     uint64_t seq = 0;
+    constexpr int kTpPerTick = 4;  // mesh: 40 tp records per rank per second, plus 10 dp ones
+    const uint64_t kTpGroup = 1'000'000, kDpGroup = 2'000'000;
+    if (mesh) {  // each rank's claims, as a TelemetryClient sends them on connecting
+      for (int n = 0; n < nodes; ++n) {
+        trainsup::WireMessage m;
+        m.type = trainsup::WireType::kGroup;
+        for (int r = n * kRanksPerNode; r < std::min(ranks, (n + 1) * kRanksPerNode); ++r) {
+          trainsup::WireGroup tp{r, kTpGroup + static_cast<uint64_t>(n), r % kRanksPerNode, kRanksPerNode, "mesh_tp"};
+          trainsup::WireGroup dp{r, kDpGroup + static_cast<uint64_t>(r % kRanksPerNode), n, nodes, "mesh_dp"};
+          m.groups.push_back(tp);
+          m.groups.push_back(dp);
+        }
+        asio::write(sockets[n], asio::buffer(trainsup::encodeFrame(m, token())));
+        sent += m.groups.size();
+      }
+    }
     int64_t clock_ns = 1'000'000'000;
     auto next = Clock::now();
     const int ticks = static_cast<int>(seconds * 10);
@@ -100,8 +122,19 @@ Phase run(int ranks, double seconds) {
         m.type = trainsup::WireType::kCollectives;
         for (int r = n * kRanksPerNode; r < std::min(ranks, (n + 1) * kRanksPerNode); ++r) {
           int64_t wait = 1'000'000 + static_cast<int64_t>(rng() % 3'000'000);  // 1-4 ms, no one always last
-          m.collectives.push_back({r, 0, seq, -1, static_cast<uint8_t>(trainsup::CollectiveOp::kAllreduce), 1 << 20,
-                                   clock_ns, clock_ns + wait});
+          if (!mesh) {
+            m.collectives.push_back({r, 0, seq, -1, static_cast<uint8_t>(trainsup::CollectiveOp::kAllreduce),
+                                     1 << 20, clock_ns, clock_ns + wait});
+            continue;
+          }
+          for (int i = 0; i < kTpPerTick; ++i) {
+            m.collectives.push_back({r, kTpGroup + static_cast<uint64_t>(n), (seq - 1) * kTpPerTick + i + 1, -1,
+                                     static_cast<uint8_t>(trainsup::CollectiveOp::kAllreduce), 1 << 16, clock_ns,
+                                     clock_ns + wait / 8});
+          }
+          m.collectives.push_back({r, kDpGroup + static_cast<uint64_t>(r % kRanksPerNode), seq, -1,
+                                   static_cast<uint8_t>(trainsup::CollectiveOp::kReduceScatter), 1 << 20, clock_ns,
+                                   clock_ns + wait});
         }
         batch += trainsup::encodeFrame(m, token());
         if (k % 10 == n % 10) {  // each rank's heartbeat once a second, spread over the ticks
@@ -150,28 +183,31 @@ Phase run(int ranks, double seconds) {
 int main(int argc, char** argv) {
   const int ranks = argc > 1 ? std::atoi(argv[1]) : 16384;
   const double seconds = argc > 2 ? std::atof(argv[2]) : 5.0;
+  const bool mesh = argc > 3 && std::string(argv[3]) == "mesh";
   rlimit lim{};
   getrlimit(RLIMIT_NOFILE, &lim);
   lim.rlim_cur = lim.rlim_max;
   setrlimit(RLIMIT_NOFILE, &lim);
-  std::printf("coordinator benchmark: %d ranks/node, 10 collective records + 1 heartbeat per rank per second\n",
-              kRanksPerNode);
-  Phase first = run(ranks, seconds);
+  std::printf("coordinator benchmark (%s): %d ranks/node, %s + 1 heartbeat per rank per second\n",
+              mesh ? "mesh" : "world", kRanksPerNode,
+              mesh ? "40 tp (groups of 8) + 10 dp collective records" : "10 collective records");
+  Phase first = run(ranks, seconds, mesh);
   int best = first.kept_up && first.load <= 1.0 ? ranks : 0;
   double load_at_best = first.load;
   if (first.kept_up && first.load > 0) {
     int target = static_cast<int>(std::min(4.0 * ranks, ranks / first.load));
     target -= target % kRanksPerNode;
     if (target > ranks && static_cast<rlim_t>(target / kRanksPerNode + 64) < lim.rlim_cur) {
-      Phase second = run(target, seconds);
+      Phase second = run(target, seconds, mesh);
       if (second.kept_up && second.load <= 1.0) {
         best = target;
         load_at_best = second.load;
       }
     }
   }
-  std::printf("{\"bench\":\"coordinator\",\"coordinator_ranks_per_core\":%d,\"load_at_that_size\":%.3f,"
-              "\"ranks_tested\":%d,\"load_at_ranks_tested\":%.3f,\"records_per_rank_per_s\":11,\"kept_up\":%s}\n",
-              best, load_at_best, ranks, first.load, first.kept_up ? "true" : "false");
+  std::printf("{\"bench\":\"coordinator\",\"mode\":\"%s\",\"coordinator_ranks_per_core\":%d,\"load_at_that_size\":%.3f,"
+              "\"ranks_tested\":%d,\"load_at_ranks_tested\":%.3f,\"records_per_rank_per_s\":%d,\"kept_up\":%s}\n",
+              mesh ? "mesh" : "world", best, load_at_best, ranks, first.load, mesh ? 51 : 11,
+              first.kept_up ? "true" : "false");
   return best >= ranks ? 0 : 1;
 }

@@ -19,6 +19,7 @@ Fault injection (on --fault-rank only, at --fault-step):
   --fault stall_before_send (pipeline) stage 0 sleeps before its send: stage 1 waits in recv
 """
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -73,6 +74,7 @@ def main():
     p.add_argument("--fault", choices=["", "tp_never_enters", "wrong_order", "stall_before_send"], default="")
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=-1)
+    p.add_argument("--plain", action="store_true", help="no trainsup at all (the benchmark's baseline)")
     args = p.parse_args()
     # FSDP2 warns that the TP output is a view (in-place ops on it would skip a hook); none here.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
@@ -81,7 +83,10 @@ def main():
     device = "cuda" if backend == "nccl" else "cpu"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    trainsup.init_process_group(backend)  # every group the job creates is tracked
+    if args.plain:
+        dist.init_process_group(backend)
+    else:
+        trainsup.init_process_group(backend)  # every group the job creates is tracked
     rank, world = dist.get_rank(), dist.get_world_size()
     faulty = rank == args.fault_rank
     jitter_rng = random.Random(7919 * rank + 1)
@@ -95,13 +100,41 @@ def main():
             if ms > 0:
                 time.sleep(ms / 1000)
 
-    with trainsup.Supervisor(checkpoint_every_steps=0) as sup:
+    with (NoSupervisor() if args.plain else trainsup.Supervisor(checkpoint_every_steps=0)) as sup:
+        t0 = time.perf_counter()
         if args.pipeline:
             run_pipeline(args, sup, compute, rank, world, device)
         else:
-            run_fsdp_tp(args, sup, compute, rank, device, faulty)
+            t0 = run_fsdp_tp(args, sup, compute, rank, device, faulty)
+        if rank == 0 and t0 is not None and args.steps > WARMUP_STEPS:
+            print(f"step_time_s={(time.perf_counter() - t0) / (args.steps - WARMUP_STEPS):.6f}", flush=True)
         sup.log("finished")
     dist.destroy_process_group()
+
+
+WARMUP_STEPS = 20  # not timed: FSDP's and DTensor's first-step set-up, start-up skew
+
+
+class NoSupervisor:
+    """The Supervisor's calls as no-ops, for the benchmark's baseline without trainsup."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def step(self, n):
+        return contextlib.nullcontext()
+
+    def section(self, name):
+        return contextlib.nullcontext()
+
+    def log(self, msg):
+        pass
+
+    def event(self, name, **fields):
+        pass
 
 
 def run_fsdp_tp(args, sup, compute, rank, device, faulty):
@@ -115,7 +148,10 @@ def run_fsdp_tp(args, sup, compute, rank, device, faulty):
                 sup.event("fault_injected", kind="tp_never_enters", step=current["step"])
                 time.sleep(3600)
         model.down.register_forward_pre_hook(hang_before_tp_allreduce)
+    t0 = None
     for step in range(args.steps):
+        if step == WARMUP_STEPS:
+            t0 = time.perf_counter()
         current["step"] = step
         with sup.step(step):
             compute(sup, step)
@@ -139,6 +175,7 @@ def run_fsdp_tp(args, sup, compute, rank, device, faulty):
                 dist.broadcast(b, src=0)
         if step % 20 == 0:
             sup.log(f"step {step} loss {loss.item():.5f}")
+    return t0
 
 
 def run_pipeline(args, sup, compute, rank, world, device):

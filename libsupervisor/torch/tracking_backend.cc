@@ -2,6 +2,9 @@
 #include "trainsup/tracking_backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +39,63 @@ std::mutex& trackedMu() {
 std::vector<c10::weak_intrusive_ptr<c10d::Backend>>& tracked() {
   static auto* list = new std::vector<c10::weak_intrusive_ptr<c10d::Backend>>();
   return *list;
+}
+
+// A work whose completion its backend does not report: gloo's _reduce_scatter_base (FSDP2's
+// reduce-scatter) in torch 2.13 returns a work that has no future and whose isCompleted() stays
+// false after wait() has returned. Wrapped, the return of wait() is its completion; everything
+// else is the real work's.
+class ObservedWork : public c10d::Work {
+ public:
+  explicit ObservedWork(c10::intrusive_ptr<c10d::Work> inner) : inner_(std::move(inner)) {}
+  const c10::intrusive_ptr<c10d::Work>& inner() const { return inner_; }
+  bool isCompleted() override { return done_.load() || inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failure_) return failure_;
+    }
+    return inner_->exception();
+  }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool ok = false;
+    try {
+      ok = inner_->wait(timeout);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        failure_ = std::current_exception();
+      }
+      done_ = true;
+      throw;
+    }
+    if (ok) done_ = true;
+    return ok;
+  }
+  void blockCurrentStream() override { inner_->blockCurrentStream(); }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFutureResult() override { return inner_->getFutureResult(); }
+  float getDuration() const override { return inner_->getDuration(); }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+
+ private:
+  const c10::intrusive_ptr<c10d::Work> inner_;
+  std::atomic<bool> done_{false};
+  mutable std::mutex mu_;
+  std::exception_ptr failure_;  // guarded by mu_
+};
+
+bool hasFuture(c10d::Work& work) {
+  try {
+    return work.getFuture() != nullptr;
+  } catch (const c10::Error&) {
+    return false;
+  }
 }
 
 }  // namespace
@@ -119,17 +179,31 @@ void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Wor
   struct Held {
     c10::intrusive_ptr<c10d::Work> work;
     c10::intrusive_ptr<c10::ivalue::Future> cpu_future;
+    c10::intrusive_ptr<c10d::Work> observed;  // the real work behind an ObservedWork
   };
-  auto held = std::make_shared<Held>(Held{work, cpu_future});
+  auto* wrapper = dynamic_cast<ObservedWork*>(work.get());
+  auto held = std::make_shared<Held>(Held{work, cpu_future, wrapper != nullptr ? wrapper->inner() : nullptr});
   const Held* h = held.get();  // lives as long as the entry's poll, which owns `held`
   watcher_.watch(
       seq, [held]() { return pollWork(*held->work, held->cpu_future.get()); },
-      // The work's own reference to its future, and ours.
-      [h]() { return h->work.use_count() == 1 && (!h->cpu_future || h->cpu_future.use_count() <= 2); });
+      // The work's own reference to its future, and ours; the wrapper's reference to the real
+      // work, and ours.
+      [h]() {
+        return h->work.use_count() == 1 && (!h->cpu_future || h->cpu_future.use_count() <= 2) &&
+               (!h->observed || h->observed.use_count() <= 2);
+      });
   if (cpu_future) {
     CompletionWatcher* watcher = &watcher_;
     cpu_future->addCallback([watcher](c10::ivalue::Future&) { watcher->nudge(); });
   }
+}
+
+// The work as returned, or wrapped when it cannot say when it finished (ObservedWork): a gloo
+// work without a future (every other gloo work has one). Works of other backends are never
+// wrapped: their type is theirs (NCCL's works have a CUDA future anyway).
+c10::intrusive_ptr<c10d::Work> TrackingBackend::observable(c10::intrusive_ptr<c10d::Work> work) {
+  if (!work || inner_->getBackendName() != "gloo" || hasFuture(*work) || work->isCompleted()) return work;
+  return c10::make_intrusive<ObservedWork>(std::move(work));
 }
 
 template <class F>
@@ -146,7 +220,7 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::track(CollectiveOp op, uint64_t 
   const uint64_t seq = tracker_.begin(op, bytes, group_->id(), matched ? group_->nextCollective() : 0);
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = call();
+    work = observable(call());
   } catch (...) {
     tracker_.end(seq, false);
     throw;
@@ -172,7 +246,7 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::trackP2P(CollectiveOp op, uint64
   }
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = call();
+    work = in_batch ? call() : observable(call());
   } catch (...) {
     tracker_.end(seq, false);
     if (in_batch) {
@@ -211,7 +285,7 @@ c10::intrusive_ptr<c10d::Work> TrackingBackend::endCoalescing() {
   c10::intrusive_ptr<c10d::Work> work;
   if (ops == 0) {
     try {
-      work = inner_->endCoalescing();
+      work = observable(inner_->endCoalescing());
     } catch (...) {
       for (uint64_t seq : p2p) tracker_.end(seq, false);
       throw;

@@ -23,7 +23,8 @@ class ControlledWork : public c10d::Work {
 class ControlledBackend : public c10d::Backend {
  public:
   ControlledBackend() : c10d::Backend(0, 1) {}
-  const std::string getBackendName() const override { return "controlled"; }
+  const std::string getBackendName() const override { return name; }
+  std::string name = "controlled";
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) override {
     return next;
   }
@@ -150,6 +151,42 @@ TEST(TrackingBackendTest, OpsAreNumberedPerGroupAndPointToPointPerChannel) {
   EXPECT_EQ(last(tracker).seq, 9u);
   EXPECT_EQ(tracker.stats().pending(), 9u) << "every op counts as one this rank waits in until it completes";
   TelemetryTesting::pollOnce(watcher);
+}
+
+// gloo's reduce-scatter of FSDP2 (torch 2.13) returns a work with no future whose isCompleted()
+// stays false after wait(): its record never ended, so every FSDP2 reduce-scatter looked like a
+// collective in flight forever. Such a gloo work is returned wrapped; its wait() ends the record.
+class NeverCompletedWork : public c10d::Work {
+ public:
+  bool wait(std::chrono::milliseconds) override {
+    ++waits;
+    return true;
+  }
+  int waits = 0;
+};
+
+TEST(TrackingBackendTest, AGlooWorkThatNeverSaysItCompletedEndsWhenItsWaitReturns) {
+  CollectiveTracker tracker;
+  auto unthreaded = TelemetryTesting::unthreadedWatcher(tracker);
+  CompletionWatcher& watcher = *unthreaded;
+  auto inner = c10::make_intrusive<ControlledBackend>();
+  inner->name = "gloo";
+  auto work = c10::make_intrusive<NeverCompletedWork>();
+  inner->next = work;
+  TrackingBackend backend(inner, tracker, watcher);
+  std::vector<at::Tensor> t{torch::ones({4})};
+  auto returned = backend.allreduce(t, c10d::AllreduceOptions());
+  TelemetryTesting::pollOnce(watcher);
+  EXPECT_EQ(last(tracker).exit_ns, 0) << "in flight until waited for";
+  EXPECT_TRUE(returned->wait());
+  EXPECT_EQ(work->waits, 1) << "the real work is waited for";
+  TelemetryTesting::pollOnce(watcher);
+  EXPECT_GT(last(tracker).exit_ns, 0) << "ended when its wait returned";
+  EXPECT_TRUE(last(tracker).ok);
+  // Another backend's work is never wrapped.
+  inner->name = "nccl";
+  auto other = backend.allreduce(t, c10d::AllreduceOptions());
+  EXPECT_EQ(other.get(), work.get());
 }
 
 TEST(TrackingBackendTest, UnsupportedCollectiveFailsAsItWouldHaveAndEndsItsRecord) {

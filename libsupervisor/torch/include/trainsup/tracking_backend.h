@@ -163,6 +163,10 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
   template <class F>
   c10::intrusive_ptr<c10d::Work> trackP2P(CollectiveOp op, uint64_t bytes, int peer_group_rank, F&& call);
   void watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Work>& work);
+  // A gloo work that cannot report its completion (no future, isCompleted() false even after
+  // wait(): gloo's _reduce_scatter_base in torch 2.13) is returned wrapped, its wait() the
+  // completion; any other work is returned as it is.
+  c10::intrusive_ptr<c10d::Work> observable(c10::intrusive_ptr<c10d::Work> work);
 
   c10::intrusive_ptr<c10d::Backend> inner_;  // set at construction; reset by release_resources()
   CollectiveTracker& tracker_;
