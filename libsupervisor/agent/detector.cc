@@ -137,7 +137,7 @@ Detector::Pending* Detector::pendingFor(int rank, uint64_t group, uint64_t seq, 
   OpKey key;
   key.group = group;
   key.seq = seq;
-  std::vector<int> members;
+  Group* g = nullptr;
   if (isPointToPoint(op)) {
     if (peer < 0 || peer >= world_ || peer == rank || (group != 0 && findGroup(group) == nullptr)) {
       ++counters_.unknown_group;
@@ -146,26 +146,29 @@ Detector::Pending* Detector::pendingFor(int rank, uint64_t group, uint64_t seq, 
     key.src = op == CollectiveOp::kSend ? rank : peer;
     key.dst = op == CollectiveOp::kSend ? peer : rank;
     *slot = op == CollectiveOp::kSend ? 0 : 1;
-    members = {key.src, key.dst};
   } else if (group == 0) {
     *slot = rank;
-    members.resize(world_);
-    for (int r = 0; r < world_; ++r) members[r] = r;
   } else {
-    Group* g = findGroup(group);
+    g = findGroup(group);
     auto it = g == nullptr ? std::map<int, int>::iterator() : g->group_rank_of.find(rank);
     if (g == nullptr || it == g->group_rank_of.end()) {
       ++counters_.unknown_group;
       return nullptr;
     }
     *slot = it->second;
-    members = g->members;
   }
   if (key_out != nullptr) *key_out = key;
   Pending& p = pending_[key];
-  if (p.entered.empty()) {
-    const size_t n = members.size();
-    p.members = std::move(members);
+  if (p.entered.empty()) {  // new: its members, once (not per record: a group may hold every rank)
+    if (key.src >= 0) {
+      p.members = {key.src, key.dst};
+    } else if (g != nullptr) {
+      p.members = g->members;
+    } else {
+      p.members.resize(world_);
+      for (int r = 0; r < world_; ++r) p.members[r] = r;
+    }
+    const size_t n = p.members.size();
     p.entered.assign(n, false);
     p.wait_ns.assign(n, -1);
     p.ops.assign(n, CollectiveOp::kOther);
