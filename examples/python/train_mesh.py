@@ -131,7 +131,7 @@ class NoSupervisor:
         return contextlib.nullcontext()
 
     def log(self, msg):
-        pass
+        print(msg, flush=True)
 
     def event(self, name, **fields):
         pass
