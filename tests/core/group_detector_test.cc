@@ -20,6 +20,16 @@ std::vector<RankInfo> fourRanks() {
   return r;
 }
 
+// Evaluates every 100 ms from `from` to `until`, every rank heart-beating, until a verdict comes.
+std::vector<Verdict> untilVerdict(Detector& det, int64_t from, int64_t until) {
+  std::vector<Verdict> seen;
+  for (int64_t t = from; t <= until && seen.empty(); t += 100 * kMs) {
+    for (int r = 0; r < 4; ++r) det.onHeartbeat(r, t);
+    seen = det.evaluate(t);
+  }
+  return seen;
+}
+
 constexpr uint64_t kTp0 = 100, kTp1 = 101, kDp0 = 200, kDp1 = 201;
 
 struct Mesh {
@@ -143,11 +153,7 @@ TEST(GroupDetectorTest, AChainOfWaitsResolvesToItsRoot) {
     const uint64_t dp = mesh.seq[kDp0] + 1, tp = mesh.seq[kTp1] + 1;
     mesh.det.onEnter(0, kDp0, dp, -1, CollectiveOp::kReduceScatter, 4096, dp_first ? t0 : t0 + kS);
     mesh.det.onEnter(2, kTp1, tp, -1, CollectiveOp::kAllreduce, 4096, dp_first ? t0 + kS : t0);
-    std::vector<Verdict> seen;
-    for (int64_t t = t0; t <= t0 + 10 * kS && seen.empty(); t += 100 * kMs) {
-      mesh.beat(t);
-      seen = mesh.det.evaluate(t);
-    }
+    std::vector<Verdict> seen = untilVerdict(mesh.det, t0, t0 + 10 * kS);
     ASSERT_EQ(seen.size(), 1u);
     EXPECT_EQ(seen[0].kind, VerdictKind::kHungRank) << seen[0].evidence;
     EXPECT_EQ(seen[0].ranks, std::vector<int>{3}) << seen[0].evidence;
@@ -240,11 +246,7 @@ TEST(GroupDetectorTest, RanksWaitingForEachOtherInDifferentGroupsAreADesync) {
   }
   det.onEnter(0, 50, 1, -1, CollectiveOp::kAllreduce, 4096, 0);
   det.onEnter(1, 60, 1, -1, CollectiveOp::kAllgather, 4096, 0);
-  std::vector<Verdict> seen;
-  for (int64_t t = 0; t <= 10 * kS && seen.empty(); t += 100 * kMs) {
-    for (int r = 0; r < 4; ++r) det.onHeartbeat(r, t);
-    seen = det.evaluate(t);
-  }
+  std::vector<Verdict> seen = untilVerdict(det, 0, 10 * kS);
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].kind, VerdictKind::kDesync) << seen[0].evidence;
   EXPECT_EQ(seen[0].ranks, (std::vector<int>{0, 1})) << seen[0].evidence;
@@ -263,11 +265,7 @@ TEST(GroupDetectorTest, APipelineReceiveNamesTheSenderAndAnEarlyIrecvDoesNotMake
   const int64_t t0 = mesh.now;
   const uint64_t s = ++mesh.sends[{0, 1}];
   mesh.det.onEnter(1, kTp0, s, 0, CollectiveOp::kRecv, 4096, t0);
-  std::vector<Verdict> seen;
-  for (int64_t t = t0; t <= t0 + 10 * kS && seen.empty(); t += 100 * kMs) {
-    mesh.beat(t);
-    seen = mesh.det.evaluate(t);
-  }
+  std::vector<Verdict> seen = untilVerdict(mesh.det, t0, t0 + 10 * kS);
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].kind, VerdictKind::kHungRank) << seen[0].evidence;
   EXPECT_EQ(seen[0].ranks, std::vector<int>{0}) << seen[0].evidence;
@@ -278,11 +276,7 @@ TEST(GroupDetectorTest, APipelineReceiveNamesTheSenderAndAnEarlyIrecvDoesNotMake
   const int64_t t1 = early.now;
   early.det.onEnter(3, kTp1, 1, 2, CollectiveOp::kRecv, 4096, t1);  // irecv posted early by rank 3
   early.det.onEnter(2, kTp1, early.seq[kTp1] + 1, -1, CollectiveOp::kAllreduce, 4096, t1 + kMs);
-  seen.clear();
-  for (int64_t t = t1; t <= t1 + 10 * kS && seen.empty(); t += 100 * kMs) {
-    early.beat(t);
-    seen = early.det.evaluate(t);
-  }
+  seen = untilVerdict(early.det, t1, t1 + 10 * kS);
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].kind, VerdictKind::kHungRank) << seen[0].evidence;
   EXPECT_EQ(seen[0].ranks, std::vector<int>{3}) << seen[0].evidence;
