@@ -132,32 +132,35 @@ Detector::Group* Detector::findGroup(uint64_t group) {
   return it == groups_.end() ? nullptr : &it->second;
 }
 
-Detector::Pending* Detector::pendingFor(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int* slot,
-                                        OpKey* key_out) {
-  OpKey key;
-  key.group = group;
-  key.seq = seq;
-  Group* g = nullptr;
+bool Detector::locate(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, OpKey* key, int* slot,
+                      Group** g) {
+  key->group = group;
+  key->seq = seq;
+  *g = nullptr;
   if (isPointToPoint(op)) {
-    if (peer < 0 || peer >= world_ || peer == rank || (group != 0 && findGroup(group) == nullptr)) {
-      ++counters_.unknown_group;
-      return nullptr;
-    }
-    key.src = op == CollectiveOp::kSend ? rank : peer;
-    key.dst = op == CollectiveOp::kSend ? peer : rank;
+    if (peer < 0 || peer >= world_ || peer == rank || (group != 0 && findGroup(group) == nullptr)) return false;
+    key->src = op == CollectiveOp::kSend ? rank : peer;
+    key->dst = op == CollectiveOp::kSend ? peer : rank;
     *slot = op == CollectiveOp::kSend ? 0 : 1;
   } else if (group == 0) {
     *slot = rank;
   } else {
-    g = findGroup(group);
-    auto it = g == nullptr ? std::map<int, int>::iterator() : g->group_rank_of.find(rank);
-    if (g == nullptr || it == g->group_rank_of.end()) {
-      ++counters_.unknown_group;
-      return nullptr;
-    }
+    *g = findGroup(group);
+    if (*g == nullptr) return false;
+    auto it = (*g)->group_rank_of.find(rank);
+    if (it == (*g)->group_rank_of.end()) return false;
     *slot = it->second;
   }
-  if (key_out != nullptr) *key_out = key;
+  return true;
+}
+
+Detector::Pending* Detector::pendingFor(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int* slot) {
+  OpKey key;
+  Group* g = nullptr;
+  if (!locate(rank, group, seq, peer, op, &key, slot, &g)) {
+    ++counters_.unknown_group;
+    return nullptr;
+  }
   Pending& p = pending_[key];
   if (p.entered.empty()) {  // new: its members, once (not per record: a group may hold every rank)
     if (key.src >= 0) {
@@ -373,20 +376,9 @@ void Detector::onExit(int rank, uint64_t group, uint64_t seq, int peer, Collecti
   if (rank < 0 || rank >= world_) return;
   onHeartbeat(rank, now_ns);
   OpKey key;
-  key.group = group;
-  key.seq = seq;
-  int slot = rank;
-  if (isPointToPoint(op)) {
-    key.src = op == CollectiveOp::kSend ? rank : peer;
-    key.dst = op == CollectiveOp::kSend ? peer : rank;
-    slot = op == CollectiveOp::kSend ? 0 : 1;
-  } else if (group != 0) {
-    Group* g = findGroup(group);
-    if (g == nullptr) return;
-    auto it = g->group_rank_of.find(rank);
-    if (it == g->group_rank_of.end()) return;
-    slot = it->second;
-  }
+  int slot = 0;
+  Group* g = nullptr;
+  if (!locate(rank, group, seq, peer, op, &key, &slot, &g)) return;
   auto it = pending_.find(key);
   if (it == pending_.end()) return;
   Pending& p = it->second;
@@ -709,9 +701,10 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       held.insert(stream);
       continue;
     }
+    Chain c;  // where the members that never entered it are (followed once per op and pass)
     if (!missing.empty() && slow_ranks.empty()) {
-      Chain probe = resolve(key, p, missing);
-      if (probe.inside != nullptr && probe.cycle.empty()) {
+      c = resolve(key, p, missing);
+      if (c.inside != nullptr && c.cycle.empty()) {
         // The ranks it waits for are inside a collective every member entered: that one is
         // judged on its own (with the network's grace), this one is only stuck behind it.
         held.insert(stream);
@@ -732,8 +725,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                          key.seq, collectiveOpName(p.op), key.group));
       break;
     }
-    if (!missing.empty()) {
-      Chain c = resolve(key, p, missing);
+    if (!missing.empty()) {  // slow_ranks is empty here: `c` is resolved
       for (Pending* link : c.links) link->reported = true;
       if (c.judged) continue;  // the chain ends in a fault named already
       if (!c.cycle.empty()) {

@@ -147,7 +147,8 @@ TrackingBackend::TrackingBackend(c10::intrusive_ptr<c10d::Backend> inner, Collec
       inner_(std::move(inner)),
       tracker_(tracker),
       watcher_(watcher),
-      group_(group ? std::move(group) : std::make_shared<GroupSequencer>(kUnmatchedGroup, std::vector<int>{})) {
+      group_(group ? std::move(group) : std::make_shared<GroupSequencer>(kUnmatchedGroup, std::vector<int>{})),
+      gloo_(inner_->getBackendName() == "gloo") {
   // ProcessGroup::getGroupName() reads the uid of its first device's backend, which is now this
   // one: carry the group's name and description (DeviceMesh resolves groups by that name).
   setBoundDeviceId(inner_->getBoundDeviceId());
@@ -202,7 +203,7 @@ void TrackingBackend::watchWork(uint64_t seq, const c10::intrusive_ptr<c10d::Wor
 // work without a future (every other gloo work has one). Works of other backends are never
 // wrapped: their type is theirs (NCCL's works have a CUDA future anyway).
 c10::intrusive_ptr<c10d::Work> TrackingBackend::observable(c10::intrusive_ptr<c10d::Work> work) {
-  if (!work || inner_->getBackendName() != "gloo" || hasFuture(*work) || work->isCompleted()) return work;
+  if (!work || !gloo_ || hasFuture(*work) || work->isCompleted()) return work;
   return c10::make_intrusive<ObservedWork>(std::move(work));
 }
 

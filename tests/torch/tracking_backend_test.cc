@@ -184,8 +184,11 @@ TEST(TrackingBackendTest, AGlooWorkThatNeverSaysItCompletedEndsWhenItsWaitReturn
   EXPECT_GT(last(tracker).exit_ns, 0) << "ended when its wait returned";
   EXPECT_TRUE(last(tracker).ok);
   // Another backend's work is never wrapped.
-  inner->name = "nccl";
-  auto other = backend.allreduce(t, c10d::AllreduceOptions());
+  auto nccl = c10::make_intrusive<ControlledBackend>();
+  nccl->name = "nccl";
+  nccl->next = work;
+  TrackingBackend other_backend(nccl, tracker, watcher);
+  auto other = other_backend.allreduce(t, c10d::AllreduceOptions());
   EXPECT_EQ(other.get(), work.get());
 }
 

@@ -205,10 +205,11 @@ class TRAINSUP_EXPORT Detector {
     bool slow_reported = false;  // reported as held by a slow link (a straggler verdict)
   };
   Group* findGroup(uint64_t group);
-  // The pending entry of a record, created on first sight; nullptr (counted) when the record
-  // names no known group or comes from a non-member. `slot`: the rank's slot in it.
-  Pending* pendingFor(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int* slot,
-                      OpKey* key = nullptr);
+  // The key of a record and the rank's slot in it (and its group, for a subgroup's collective);
+  // false when the record names no known group, a bad peer, or comes from a non-member.
+  bool locate(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, OpKey* key, int* slot, Group** g);
+  // The pending entry of a record, created on first sight; nullptr (counted) when locate() fails.
+  Pending* pendingFor(int rank, uint64_t group, uint64_t seq, int peer, CollectiveOp op, int* slot);
   std::string describe(const OpKey& key, const Pending& p) const;  // "allreduce #5 of group 'mesh_tp'"
   std::string groupName(uint64_t group) const;
   // The open ops `rank` entered and has not exited, oldest first.

@@ -172,6 +172,7 @@ class TRAINSUP_EXPORT TrackingBackend : public c10d::Backend {
   CollectiveTracker& tracker_;
   CompletionWatcher& watcher_;
   const std::shared_ptr<GroupSequencer> group_;  // set at construction; never null
+  const bool gloo_;  // set at construction: the wrapped backend is gloo (observable())
   std::mutex coalescing_mu_;
   bool coalescing_ = false;         // guarded by coalescing_mu_
   uint64_t coalesced_bytes_ = 0;    // guarded by coalescing_mu_
