@@ -132,17 +132,36 @@ class TestNet:
             return {"shaper_output": out[-500:]}
 
     def close(self):
+        """Removes the namespaces, links and bridge, and raises naming whatever it could not.
+        `ip netns del` unlinks /run/netns/NAME, which fails (EBUSY) while any process started by
+        `ip netns exec` still lives: each holds a copy of every namespace's bind mount. So
+        everything running in the namespaces is killed and waited for before they go."""
         for shaper in self.shapers.values():
             shaper.kill()
-        for ns in self.ns.values():
-            # Anything still running in the namespace goes with it.
-            pids = sh("ip", "netns", "pids", ns, check=False).stdout.split()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pids = [pid for ns in self.ns.values() for pid in sh("ip", "netns", "pids", ns, check=False).stdout.split()]
+            if not pids:
+                break
             for pid in pids:
                 sh("kill", "-9", pid, check=False)
-            sh("ip", "netns", "del", ns, check=False)
-        for link in self.link.values():
+            time.sleep(0.1)  # polls for the killed processes to be reaped; bounded by the deadline
+        left = []
+        for ns in self.ns.values():
+            while True:
+                r = sh("ip", "netns", "del", ns, check=False)
+                if r.returncode == 0 or not pathlib.Path("/run/netns", ns).exists():
+                    break
+                if time.monotonic() >= deadline:
+                    left.append(f"namespace {ns}: {r.stderr.strip()}")
+                    break
+                time.sleep(0.1)  # an exiting process still holds its mount; bounded by the deadline
+        for link in list(self.link.values()) + [self.bridge]:
             sh("ip", "link", "del", link, check=False)
-        sh("ip", "link", "del", self.bridge, check=False)
+            if sh("ip", "link", "show", link, check=False).returncode == 0:
+                left.append(f"link {link}")
+        if left:
+            raise RuntimeError("network_scenario.py could not remove: " + "; ".join(left))
 
 
 class NetCluster(Cluster):
