@@ -23,6 +23,12 @@ training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
   sharded     as shrink, but the workers' checkpoints hold sharded state (restored by the same
               world size only): on host-a alone the restore fails, and host-a gives up (96) at
               once, saying why, instead of failing the same way until the restart cap.
+  mesh_shrink examples/python/train_mesh.py, FSDP2 x TP on a dp x tp mesh, 2 workers per host,
+              hosts a, b (--nnodes=1:2, mesh 2x2), no spare; both of host-b's workers are frozen
+              (SIGSTOP): host-b is quarantined and the job resumes on host-a alone (mesh 1x2)
+              from its torch.distributed.checkpoint checkpoint, resharded, and finishes.
+  mesh_grow   the same job started on host-a alone (mesh 1x2); host-b joins at the next round
+              and the job resumes on both (mesh 2x2) from the 1x2 checkpoint and finishes.
 
 Prints a JSON summary line last. Used by tests/python/test_launcher.py, scripts/demo.sh and
 bench/recovery_bench.py.
@@ -43,6 +49,7 @@ from trainsup.ports import free_port
 
 REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 TRAIN = REPO / "examples" / "python" / "train_ddp.py"
+TRAIN_MESH = REPO / "examples" / "python" / "train_mesh.py"
 
 
 def start_etcd(workdir, port, address="127.0.0.1", prefix=()):
@@ -84,7 +91,7 @@ def read_events(path):
 
 
 class Cluster:
-    def __init__(self, workdir, nnodes, steps, extra_train=(), env=None, backend="c10d"):
+    def __init__(self, workdir, nnodes, steps, extra_train=(), env=None, backend="c10d", train=TRAIN, nproc=1):
         self.dir = pathlib.Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -93,6 +100,7 @@ class Cluster:
         self.nnodes = nnodes
         self.steps = steps
         self.extra_train = list(extra_train)
+        self.train, self.nproc = train, nproc
         self.env = dict(os.environ, PYTHONFAULTHANDLER="1", TRAINSUP_CHECKPOINT_DIR=str(self.dir / "ckpt"),
                         TRAINSUP_LOG_DIR=str(self.dir / "logs"), TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1",
                         PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
@@ -100,10 +108,10 @@ class Cluster:
 
     def start(self, host, rdzv_conf=None):
         out = open(self.dir / f"agent-{host}.out", "w")
-        cmd = [sys.executable, "-m", "trainsup.run", f"--nnodes={self.nnodes}", "--nproc_per_node=1",
+        cmd = [sys.executable, "-m", "trainsup.run", f"--nnodes={self.nnodes}", f"--nproc_per_node={self.nproc}",
                f"--rdzv_backend={self.backend}", f"--rdzv_endpoint=127.0.0.1:{self.port}", "--rdzv_id=scenario",
                *([f"--rdzv_conf={rdzv_conf}"] if rdzv_conf else []),
-               "--run-dir", str(self.dir / "run"), str(TRAIN), "--steps", str(self.steps),
+               "--run-dir", str(self.dir / "run"), str(self.train), "--steps", str(self.steps),
                "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
         self.agents[host] = subprocess.Popen(cmd, env=dict(self.env, TRAINSUP_NODE_NAME=host), stdout=out,
                                              stderr=subprocess.STDOUT)
@@ -145,6 +153,11 @@ class Cluster:
     def worker_pid(self, host):
         starts = [e for e in self.rank_events(host) if e["event"] == "supervisor_start"]
         return starts[-1]["pid"]
+
+    def worker_pids(self, host):
+        """The pids of host's workers of the current round (the newest start of each)."""
+        starts = sorted((e for e in self.rank_events(host) if e["event"] == "supervisor_start"), key=lambda e: e["time"])
+        return [e["pid"] for e in starts[-self.nproc:]]
 
     def wait_agents(self, timeout):
         deadline = time.monotonic() + timeout
@@ -270,6 +283,38 @@ def grow_scenario(workdir, steps):
         c.kill_all()
 
 
+def mesh_cluster(workdir, steps):
+    return Cluster(workdir, "1:2", steps, train=TRAIN_MESH, nproc=2,
+                   extra_train=["--tp", "2", "--out", str(pathlib.Path(workdir) / "final.pt")])
+
+
+def mesh_shrink_scenario(workdir, steps):
+    c = mesh_cluster(workdir, steps)
+    try:
+        c.start_a_then_b(100, 240)  # host-a first: it serves the c10d store
+        c.wait_until(lambda: c.training_at("host-a", 150), 180, "training to step 150")
+        time.sleep(0.4)
+        fault_wall = time.time()
+        for pid in c.worker_pids("host-b"):  # the whole host frozen
+            os.kill(pid, signal.SIGSTOP)
+        return c, fault_wall, c.wait_agents(600)
+    finally:
+        c.kill_all()
+
+
+def mesh_grow_scenario(workdir, steps):
+    c = mesh_cluster(workdir, steps)
+    conf = "last_call_timeout=2"
+    try:
+        c.start("host-a", rdzv_conf=conf)
+        c.wait_until(lambda: c.training_at("host-a", 100), 240, "training on host-a alone")
+        join_wall = time.time()
+        c.start("host-b", rdzv_conf=conf)
+        return c, join_wall, c.wait_agents(600)
+    finally:
+        c.kill_all()
+
+
 def user_error_scenario(workdir, steps, no_progress_guard=False):
     # The restart cap (2) ends the job; or, with --no-progress-guard, a generous cap (20) and the
     # guard against restarts that never get past the same checkpoint (1 allowed).
@@ -288,7 +333,7 @@ def user_error_scenario(workdir, steps, no_progress_guard=False):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death", "preempt", "grow",
-                                        "sharded"])
+                                        "sharded", "mesh_shrink", "mesh_grow"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--no-progress-guard", action="store_true",
@@ -310,6 +355,13 @@ def main():
     elif a.scenario == "grow":
         c, fault_wall, codes = grow_scenario(a.workdir, a.steps)
         summary.update(agent_exit_codes=codes, fault_time=fault_wall)
+    elif a.scenario in ("mesh_shrink", "mesh_grow"):
+        run = mesh_shrink_scenario if a.scenario == "mesh_shrink" else mesh_grow_scenario
+        c, wall, codes = run(a.workdir, a.steps)
+        restores = [{k: e.get(k) for k in ("step", "world_size", "time")} for h in ("host-a", "host-b")
+                    for e in c.rank_events(h) if e["event"] == "checkpoint_restored"]
+        summary.update(agent_exit_codes=codes, fault_time=wall, restores=sorted(restores, key=lambda r: r["time"]),
+                       finished=(pathlib.Path(a.workdir) / "final.pt").exists())
     else:
         c, fault_wall, codes = fault_scenario(a.workdir, a.steps, spare=a.scenario == "spare",
                                               sharded=a.scenario == "sharded")

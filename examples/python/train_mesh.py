@@ -48,16 +48,30 @@ def batch(rank_in_dp, step, dim=32):
     return x, x.roll(1, dims=1) * 0.5
 
 
-def build_fsdp_tp(args, device):
+class LayoutError(ValueError):
+    """The world cannot hold the requested mesh."""
+
+
+def mesh_shape(world, tp):
+    """(dp, tp) for `world` ranks with tensor-parallel degree `tp`, or LayoutError saying why
+    not: checked before any model or state exists, so a restore onto a world too small for the
+    layout fails before it touches anything."""
+    if tp < 1 or tp > world:
+        raise LayoutError(f"train_mesh: tensor-parallel degree {tp} does not fit a world of {world} rank(s) "
+                          f"(it needs 1 <= tp <= world; run with --tp {min(max(tp, 1), world)} or more ranks)")
+    if world % tp:
+        raise LayoutError(f"train_mesh: world size {world} is not a multiple of the tensor-parallel degree {tp}")
+    return world // tp, tp
+
+
+def build_fsdp_tp(args, device, seed=0, hidden=64, dim=32):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    world = dist.get_world_size()
-    if world % args.tp:
-        raise SystemExit(f"train_mesh: world size {world} is not a multiple of --tp {args.tp}")
-    mesh = init_device_mesh(device, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
-    torch.manual_seed(0)  # same initial parameters on every rank
-    model = MLP()
+    shape = mesh_shape(dist.get_world_size(), args.tp)
+    mesh = init_device_mesh(device, shape, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(seed)  # same initial parameters on every rank
+    model = MLP(dim=dim, hidden=hidden)
     parallelize_module(model, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
     return mesh, model
@@ -75,6 +89,11 @@ def main():
     p.add_argument("--fault-rank", type=int, default=-1)
     p.add_argument("--fault-step", type=int, default=-1)
     p.add_argument("--plain", action="store_true", help="no trainsup at all (the benchmark's baseline)")
+    p.add_argument("--checkpoint-every", type=int, default=None,
+                   help="checkpoint every N steps (default: TRAINSUP_CHECKPOINT_* settings; FSDP2 x TP only). "
+                        "The checkpoints are torch.distributed.checkpoint ones: a job that lost a host resumes "
+                        "from them on a smaller mesh, one that gained a host on a larger one")
+    p.add_argument("--out", default=None, help="FSDP2 x TP: rank 0 writes the final full state here (torch.save)")
     args = p.parse_args()
     # FSDP2 warns that the TP output is a view (in-place ops on it would skip a hook); none here.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
@@ -100,7 +119,8 @@ def main():
             if ms > 0:
                 time.sleep(ms / 1000)
 
-    with (NoSupervisor() if args.plain else trainsup.Supervisor(checkpoint_every_steps=0)) as sup:
+    settings = {} if args.checkpoint_every is None else {"checkpoint_every_steps": args.checkpoint_every}
+    with (NoSupervisor() if args.plain else trainsup.Supervisor(**settings)) as sup:
         t0 = time.perf_counter()
         if args.pipeline:
             run_pipeline(args, sup, compute, rank, world, device)
@@ -139,8 +159,13 @@ class NoSupervisor:
 
 def run_fsdp_tp(args, sup, compute, rank, device, faulty):
     mesh, model = build_fsdp_tp(args, device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     dp_rank = mesh.get_local_rank("dp")
+    state = {"model": model, "optimizer": optimizer, "next_step": 0}
+    if not args.plain:
+        # The newest checkpoint that verifies, whatever mesh wrote it (DCP reshards it).
+        if sup.restore(state):
+            sup.log(f"resumed at step {state['next_step']} on mesh {tuple(mesh.shape)}")
     current = {"step": -1}
     if faulty and args.fault == "tp_never_enters":
         def hang_before_tp_allreduce(module, inputs):
@@ -149,7 +174,7 @@ def run_fsdp_tp(args, sup, compute, rank, device, faulty):
                 time.sleep(3600)
         model.down.register_forward_pre_hook(hang_before_tp_allreduce)
     t0 = None
-    for step in range(args.steps):
+    for step in range(state["next_step"], args.steps):
         if step == WARMUP_STEPS:
             t0 = time.perf_counter()
         current["step"] = step
@@ -173,8 +198,21 @@ def run_fsdp_tp(args, sup, compute, rank, device, faulty):
             else:
                 dist.all_reduce(a)
                 dist.broadcast(b, src=0)
+        state["next_step"] = step + 1
+        if not args.plain:
+            sup.maybe_checkpoint(step, state)
+            if sup.stop_requested:  # preemption (SIGTERM): every rank saves this step, then stops
+                sup.checkpoint(step, state)
+                sup.log(f"stop requested: checkpointed step {step}")
+                sup.close()
+                sys.exit(trainsup.EXIT_STOP_REQUESTED)
         if step % 20 == 0:
             sup.log(f"step {step} loss {loss.item():.5f}")
+    if args.out:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save(full, args.out)
     return t0
 
 

@@ -309,6 +309,14 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
     else return Status::invalidArgument("TRAINSUP_CHECKPOINT_SNAPSHOT=" + quote(v) + " is not one of blocking|overlapped");
     return Status::ok();
   });
+  r.apply("TRAINSUP_CHECKPOINT_FORMAT", [&](const std::string& v) -> Status {
+    std::string_view t = trim(v);
+    if (t != "auto" && t != "native" && t != "dcp") {
+      return Status::invalidArgument("TRAINSUP_CHECKPOINT_FORMAT=" + quote(v) + " is not one of auto|native|dcp");
+    }
+    ck.format = std::string(t);
+    return Status::ok();
+  });
   r.boolean("TRAINSUP_CHECKPOINT_REPLICATED", ck.replicated);
   r.number("TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", ck.commit_timeout_s);
   r.number("TRAINSUP_MTBF_S", ck.mtbf_s, /*allow_zero=*/true);

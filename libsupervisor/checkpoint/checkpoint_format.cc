@@ -492,6 +492,31 @@ Result<std::unique_ptr<ShardReader>> openCheckedShard(FileSystem& fs, const std:
                              std::to_string(shard_rank) + " of " + std::to_string(manifest.world_size) + " at step " +
                              std::to_string(step));
   }
+  if (const TensorEntry* e = (*opened)->find(kCompanionsEntry)) {
+    std::string text(e->length, '\0');
+    if (Status s = (*opened)->read(*e, text.data(), text.size()); !s.isOk()) return s;
+    try {
+      for (const auto& c : nlohmann::json::parse(text)) {
+        const std::string name = c.at("file").get<std::string>();
+        const uint64_t size = c.at("size").get<uint64_t>();
+        if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+          return corrupt(file, "companion file name '" + name + "' is not a name in the step directory");
+        }
+        const std::string path = joinPath(dir, name);
+        auto f = fs.newReadableFile(path);
+        if (!f) {
+          if (f.status().code() == StatusCode::kNotFound) return Status::notFound("missing file '" + path + "'");
+          return f.status();
+        }
+        if ((*f)->size() != size) {
+          return corrupt(path, "size mismatch: " + std::to_string((*f)->size()) + " bytes, shard " +
+                                   std::to_string(shard_rank) + " says " + std::to_string(size));
+        }
+      }
+    } catch (const nlohmann::json::exception& ex) {
+      return corrupt(file, std::string("bad ") + kCompanionsEntry + " entry: " + ex.what());
+    }
+  }
   return opened;
 }
 

@@ -52,6 +52,10 @@ Checkpointer::~Checkpointer() {
 
 
 Status Checkpointer::awaitSnapshot() { return impl_->awaitSnapshot(); }
+void Checkpointer::setPersistHook(PersistHook hook) {
+  impl_->waitNotBusy();  // the writer thread reads it during a persist
+  impl_->persist_hook = std::move(hook);
+}
 bool Checkpointer::snapshotOutstanding() const { return impl_->snapshot_outstanding; }
 
 Result<Checkpointer::Outcome> Checkpointer::maybeSave(int64_t step, const Collect& collect) {

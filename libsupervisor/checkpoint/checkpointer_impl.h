@@ -81,6 +81,7 @@ struct Checkpointer::Impl {
   std::shared_ptr<CommitChannel> channel;
   Hooks hooks;
   std::string key_base;  // trainsup/ckpt/<job>/<restart>
+  PersistHook persist_hook;  // set before the first save; called on the writer thread
 
   // Training thread only.
   int64_t decision_seq = 0;
@@ -173,6 +174,7 @@ struct Checkpointer::Impl {
                      Nanos deadline);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
   void applyRetention(int64_t committed_step);
+  Status agreeAllOpened(const std::string& key, const Status& mine);
 };
 
 

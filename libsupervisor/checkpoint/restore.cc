@@ -6,6 +6,23 @@ namespace trainsup {
 
 using namespace checkpoint_internal;
 
+// Whether every rank opened its shard of a candidate: OK, or Corruption carrying a failed rank's
+// reason; Unavailable if the channel failed.
+Status Checkpointer::Impl::agreeAllOpened(const std::string& k, const Status& mine) {
+  if (!mine.isOk()) channel->set(k + "/open_why", "rank " + std::to_string(identity.rank) + ": " + mine.message());
+  auto oks = channel->add(k + "/open_ok", mine.isOk() ? 1 : 0);
+  auto n = channel->add(k + "/open_n", 1);
+  if (!oks || !n) return Status::unavailable("restore agreement: " + (!oks ? oks.status() : n.status()).message());
+  if (*n == identity.world_size) channel->set(k + "/open_done", "1");
+  auto done = channel->get(k + "/open_done", commitTimeout());
+  if (!done) return Status::unavailable("restore agreement: " + done.status().message());
+  auto total = channel->add(k + "/open_ok", 0);
+  if (!total) return Status::unavailable("restore agreement: " + total.status().message());
+  if (*total == identity.world_size) return Status::ok();
+  auto why = channel->get(k + "/open_why", std::chrono::seconds(5));
+  return Status::corruption(why ? *why : "another rank could not open its shard");
+}
+
 // Every rank checks its own shard of each candidate (newest first) while loading it, then the
 // ranks agree through the channel: a candidate is restored only if it loaded on every rank.
 Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
@@ -64,20 +81,29 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     } else if (manifest->step != step) {
       st = Status::corruption("the manifest is of step " + std::to_string(manifest->step) + ", its directory of step " +
                               std::to_string(step));
-    } else if (manifest->world_size != m.identity.world_size && !m.options.replicated) {
+    } else if (manifest->world_size != m.identity.world_size && !m.options.replicated &&
+               !(manifest->metadata.count(kLayoutKey) && manifest->metadata.at(kLayoutKey) == "dcp")) {
       ++world_mismatches;
       mismatch_world = manifest->world_size;
       st = Status::invalidArgument("world-size mismatch: written by world size " + std::to_string(manifest->world_size) +
                                    ", this job has " + std::to_string(m.identity.world_size));
     } else {
       // Replicated state (every rank saved the same, as with DDP): any shard will do, so a job
-      // of another size reads shard rank % N of the N written.
+      // of another size reads shard rank % N of the N written. A resharding layout (dcp) reads
+      // what it needs from every shard; it is handed shard rank % N to start from.
       const int shard_rank = m.identity.rank % std::max(1, manifest->world_size);
       file = joinPath(dir, manifest->shards[static_cast<size_t>(shard_rank)].file);
       opened = openCheckedShard(*m.fs, dir, *manifest, shard_rank, step);
-      if (!opened) {
-        st = opened.status();
-      } else {
+      if (!opened) st = opened.status();
+      // A dcp load is itself collective (torch.distributed.checkpoint plans and reads across
+      // ranks): either every rank enters it or none does, or the ranks that did would wait for
+      // the one whose shard failed until the collective's timeout.
+      if (manifest->metadata.count(kLayoutKey) && m.identity.world_size > 1) {
+        Status agreed = m.agreeAllOpened(attempt + "/" + std::to_string(step), st);
+        if (!agreed.isOk() && st.isOk()) st = agreed;
+        if (agreed.code() == StatusCode::kUnavailable) return agreed;  // the channel itself failed
+      }
+      if (st.isOk()) {
         ++loads_attempted;
         st = load(*manifest, **opened);
         // The model does not match the checkpoint: an older one will not match either, and

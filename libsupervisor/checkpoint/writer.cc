@@ -68,7 +68,25 @@ void Checkpointer::Impl::persist(Job& j) {
   // reported committed, after retention has already deleted the older ones
   // (tests/core/crash_safety_test.cc).
   if (s.isOk()) s = fs->syncDir(options.dir);
-  if (s.isOk()) s = writeShard(*fs, dir, identity.rank, identity.world_size, j.step, j.buffers, &mine);
+  std::vector<BufferRef> buffers = j.buffers;
+  std::vector<std::pair<std::string, std::string>> extra;
+  if (persist_hook && j.copy_status.isOk()) {
+    // Called whether or not the directory could be made here: the hook's own writers may agree
+    // with the other ranks' (torch.distributed.checkpoint does), and fail there at once.
+    auto written = persist_hook(dir, j.step);
+    if (!written && s.isOk()) s = Status(written.status().code(), "writing the checkpoint data: " + written.status().message());
+    if (written) extra = std::move(*written);
+    for (const auto& [name, bytes] : extra) {
+      BufferRef r;
+      r.meta.name = name;
+      r.meta.dtype = DType::kBytes;
+      r.meta.shape = {static_cast<int64_t>(bytes.size())};
+      r.data = bytes.data();
+      r.nbytes = bytes.size();
+      buffers.push_back(std::move(r));
+    }
+  }
+  if (s.isOk()) s = writeShard(*fs, dir, identity.rank, identity.world_size, j.step, buffers, &mine);
   // Report to rank 0 either way, so it does not wait for a shard that will never come.
   std::string report = s.isOk() ? "ok " + std::to_string(mine.file_size) + " " + std::to_string(mine.index_xxh3)
                                 : "fail " + s.message();

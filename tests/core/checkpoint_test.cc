@@ -304,6 +304,88 @@ TEST(CheckpointRestoreTest, WorldSizeMismatchIsSkippedAndAClearErrorWhenNothingE
   EXPECT_NE(reasons.back().find("world-size mismatch"), std::string::npos);
 }
 
+// The persist hook (torch.distributed.checkpoint's writer in Python): what it writes is listed
+// in the shard, must be there for the checkpoint to be valid, and a layout that reshards is
+// offered to a job of another world size.
+TEST(CheckpointPersistHookTest, CompanionFilesMustBePresentAndTheLayoutReshards) {
+  std::string dir = freshDir("hook");
+  Events ev;
+  auto c = make(opts(dir), FileSystem::posix(), ev);
+  std::vector<std::string> written;
+  c->setPersistHook([&](const std::string& step_dir, int64_t step)
+                        -> Result<std::vector<std::pair<std::string, std::string>>> {
+    const std::string name = "data-" + std::to_string(step) + ".bin";
+    std::ofstream(step_dir + "/" + name) << std::string(100 + step, 'x');
+    written.push_back(step_dir + "/" + name);
+    return std::vector<std::pair<std::string, std::string>>{
+        {kCompanionsEntry, R"([{"file":")" + name + R"(","size":)" + std::to_string(100 + step) + "}]"}};
+  });
+  State s(1);
+  Checkpointer::Collect collect = [&](std::vector<BufferRef>& b, std::map<std::string, std::string>& meta) {
+    b = s.refs();
+    meta[kLayoutKey] = "dcp";
+    return Status::ok();
+  };
+  for (int64_t step : {1, 2, 3}) {
+    ASSERT_TRUE(c->save(step, collect).isOk());
+    ASSERT_TRUE(c->waitIdle(seconds(30)).isOk());
+  }
+  ASSERT_EQ(written.size(), 3u);
+  auto shard = ShardReader::open(FileSystem::posix(), c->stepDir(3) + "/" + shardFileName(0, 1));
+  ASSERT_TRUE(shard.isOk());
+  EXPECT_NE((*shard)->find(kCompanionsEntry), nullptr);
+  EXPECT_TRUE(checkCheckpoint(FileSystem::posix(), c->stepDir(3), 3).isOk());
+  // Step 3's file gone, step 2's truncated: neither is valid, and each says why.
+  std::filesystem::remove(written[2]);
+  std::filesystem::resize_file(written[1], 10);
+  auto three = checkCheckpoint(FileSystem::posix(), c->stepDir(3), 3);
+  ASSERT_FALSE(three.isOk());
+  EXPECT_NE(three.status().message().find("missing file '" + written[2] + "'"), std::string::npos)
+      << three.status().message();
+  auto two = checkCheckpoint(FileSystem::posix(), c->stepDir(2), 2);
+  ASSERT_FALSE(two.isOk());
+  EXPECT_NE(two.status().message().find("size mismatch: 10 bytes, shard 0 says 102"), std::string::npos)
+      << two.status().message();
+  c.reset();
+  // Two ranks restore what one wrote (the layout reshards): both get step 1, the newest valid.
+  auto channel = std::make_shared<LocalCommitChannel>();
+  auto other = std::async(std::launch::async, [&] {
+    Events e2;
+    auto r1 = make(opts(dir), FileSystem::posix(), e2, Clock::real(), rankIdentity(1, 2), channel);
+    State x(0);
+    return r1->restore(x.load());
+  });
+  auto r0 = make(opts(dir), FileSystem::posix(), ev, Clock::real(), rankIdentity(0, 2), channel);
+  State x(0);
+  auto got = r0->restore(x.load());
+  ASSERT_TRUE(got.isOk()) << got.status().toString();
+  EXPECT_EQ(*got, std::optional<int64_t>(1));
+  auto got1 = other.get();
+  ASSERT_TRUE(got1.isOk()) << got1.status().toString();
+  EXPECT_EQ(*got1, std::optional<int64_t>(1));
+  EXPECT_EQ(x.weights, s.weights);
+}
+
+TEST(CheckpointPersistHookTest, AHookErrorFailsThatSaveOnly) {
+  std::string dir = freshDir("hookfail");
+  Events ev;
+  auto c = make(opts(dir), FileSystem::posix(), ev);
+  bool fail = true;
+  c->setPersistHook([&](const std::string&, int64_t) -> Result<std::vector<std::pair<std::string, std::string>>> {
+    if (fail) return Status::ioError("disk quota exceeded");
+    return std::vector<std::pair<std::string, std::string>>{};
+  });
+  State s(1);
+  ASSERT_TRUE(c->save(1, s.collect(1)).isOk());
+  Status w = c->waitIdle(seconds(30));
+  ASSERT_FALSE(w.isOk());
+  EXPECT_NE(w.message().find("writing the checkpoint data: disk quota exceeded"), std::string::npos) << w.toString();
+  EXPECT_FALSE(std::filesystem::exists(c->stepDir(1) + "/" + kManifestName));
+  fail = false;
+  saveAndCommit(*c, s, 2);
+  EXPECT_EQ(c->stats().last_committed_step, 2);
+}
+
 TEST(CheckpointRestoreTest, EmptyDirectoryRestoresNothing) {
   Events ev;
   auto c = make(opts(freshDir("empty")), FileSystem::posix(), ev);

@@ -111,6 +111,7 @@ TEST(ConfigTest, UnknownEnumWordsNameTheVariable) {
   expectBad({{"TRAINSUP_STALL_ACTION", "reboot"}}, "TRAINSUP_STALL_ACTION", "'reboot'");
   expectBad({{"TRAINSUP_CHECKPOINT_BUSY_POLICY", "queue"}}, "TRAINSUP_CHECKPOINT_BUSY_POLICY", "'queue'");
   expectBad({{"TRAINSUP_CHECKPOINT_SNAPSHOT", "lazy"}}, "TRAINSUP_CHECKPOINT_SNAPSHOT", "'lazy'");
+  expectBad({{"TRAINSUP_CHECKPOINT_FORMAT", "safetensors"}}, "TRAINSUP_CHECKPOINT_FORMAT", "'safetensors'");
 }
 
 TEST(ConfigTest, TheLaunchersRoundWinsOverTorchrunsPerAgentRestartCount) {
@@ -123,6 +124,8 @@ TEST(ConfigTest, ReadsCheckpointSnapshotMode) {
   auto c = load({{"TRAINSUP_CHECKPOINT_SNAPSHOT", "overlapped"}});
   ASSERT_TRUE(c.isOk()) << c.status().toString();
   EXPECT_EQ(c->checkpoint.snapshot, SnapshotMode::kOverlapped);
+  EXPECT_EQ(load({})->checkpoint.format, "auto");
+  EXPECT_EQ(load({{"TRAINSUP_CHECKPOINT_FORMAT", " dcp "}})->checkpoint.format, "dcp");
 }
 
 TEST(ConfigTest, CrossFieldRules) {

@@ -13,6 +13,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <chrono>
 #include <future>
@@ -320,6 +322,36 @@ std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
   return *r;
 }
 
+// Checkpointer::PersistHook over a Python callable persist(step_dir, step) -> [(name, bytes)],
+// run on the writer thread with the GIL. Its exceptions fail that checkpoint: trainsup's own
+// IoError/Corruption keep their code; anything else is an I/O error of the data writer.
+Checkpointer::PersistHook persistHook(py::object fn) {
+  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* f) {
+    if (interpreterFinalizing()) {
+      f->release();  // leaked: see interpreterFinalizing()
+      delete f;
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+  return [held](const std::string& dir, int64_t step) -> Result<std::vector<std::pair<std::string, std::string>>> {
+    if (interpreterFinalizing()) return Status::unavailable("the Python interpreter is shutting down");
+    py::gil_scoped_acquire gil;
+    try {
+      std::vector<std::pair<std::string, std::string>> out;
+      for (auto item : (*held)(dir, step)) {
+        auto t = item.cast<py::tuple>();
+        out.emplace_back(t[0].cast<std::string>(), t[1].cast<std::string>());
+      }
+      return out;
+    } catch (py::error_already_set& e) {
+      if (isStatusError(e, {"Corruption"})) return Status::corruption(e.what());
+      return Status::ioError(e.what());
+    }
+  };
+}
+
 // base: version, exit codes, the settings a rank reads
 void bindBase(py::module_& m) {
   m.attr("__version__") = kVersionString;
@@ -406,6 +438,45 @@ void bindCheckpoint(py::module_& m) {
     const ShardReader* raw = r->get();
     return PyShard(raw, std::move(*r));
   });
+  // Shard `rank` of the checkpoint in `dir`, checked against its manifest as restore checks
+  // its own (checkpoint_format.h: size, index checksum, identity, companion files).
+  m.def("open_checked_shard", [](const std::string& dir, int rank) {
+    Result<std::unique_ptr<ShardReader>> r = Status::internal("unset");
+    {
+      py::gil_scoped_release release;
+      auto manifest = readManifest(FileSystem::posix(), dir);
+      r = manifest ? openCheckedShard(FileSystem::posix(), dir, *manifest, rank, manifest->step)
+                   : Result<std::unique_ptr<ShardReader>>(manifest.status());
+    }
+    if (!r) raiseStatus(r.status());
+    const ShardReader* raw = r->get();
+    return PyShard(raw, std::move(*r));
+  }, py::arg("dir"), py::arg("rank"));
+  // XXH3-64, the checksum of every checkpoint byte (docs/checkpoint-format.md), for the data
+  // that Python writes and reads itself (torch.distributed.checkpoint files): update() takes
+  // any buffer and releases the GIL over large ones.
+  struct Xxh3 {
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state{XXH3_createState(), &XXH3_freeState};
+    Xxh3() { XXH3_64bits_reset(state.get()); }
+  };
+  py::class_<Xxh3>(m, "Xxh3")
+      .def(py::init<>())
+      .def("update", [](Xxh3& h, py::buffer b) {
+        py::buffer_info info = b.request();
+        const size_t n = static_cast<size_t>(info.size * info.itemsize);
+        if (n >= (size_t{1} << 16)) {
+          py::gil_scoped_release release;
+          XXH3_64bits_update(h.state.get(), info.ptr, n);
+        } else {
+          XXH3_64bits_update(h.state.get(), info.ptr, n);
+        }
+      }, py::arg("data"))
+      .def("hexdigest", [](Xxh3& h) {
+        char hex[17];
+        std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(XXH3_64bits_digest(h.state.get())));
+        return std::string(hex);
+      })
+      .def("reset", [](Xxh3& h) { XXH3_64bits_reset(h.state.get()); });
   m.def("checkpoint_dir_name", &checkpointDirName);
   m.def("parse_checkpoint_dir_name", [](const std::string& name) { return parseCheckpointDirName(name); },
         py::arg("name"), "The step of a checkpoint directory's name, or None for any other name.");
@@ -503,7 +574,7 @@ void bindRank(py::module_& m) {
         py::gil_scoped_release release;  // a write to the rank's event log
         s.event(name, f);
       }, py::arg("name"), py::arg("json_fields"))
-      .def("enable_checkpoints", [](Supervisor& s, py::object channel) {
+      .def("enable_checkpoints", [](Supervisor& s, py::object channel, py::object persist) {
         std::shared_ptr<CommitChannel> c;
         if (!channel.is_none()) c = std::make_shared<PyChannel>(channel);
         Status st;
@@ -512,9 +583,15 @@ void bindRank(py::module_& m) {
           auto r = s.checkpointer(c);
           if (!r) st = r.status();
           c.reset();  // ~PyChannel takes the GIL itself: let it go (if last) with the GIL released
+          if (r && !persist.is_none()) {
+            py::gil_scoped_acquire gil;
+            (*r)->setPersistHook(persistHook(std::move(persist)));
+          }
         }
         if (!st.isOk()) raiseStatus(st);
-      }, py::arg("channel"))
+      }, py::arg("channel"), py::arg("persist") = py::none(),
+      "persist(step_dir, step) -> [(name, bytes)], if given, runs on the writer thread at every persist "
+      "before this rank's shard is written; what it returns goes into the shard (checkpointer.h).")
       .def("save", &save, py::arg("step"), py::arg("collect"), py::arg("now"))
       .def("restore", &restore, py::arg("load"))
       .def("add_abort_callback", [](Supervisor& s, const std::string& name, py::function fn) {
@@ -572,6 +649,9 @@ void bindRank(py::module_& m) {
       .def_property_readonly("log_file", &Supervisor::logFilePath)
       .def_property_readonly("event_log", &Supervisor::eventLogPath)
       .def_property_readonly("checkpoint_dir", [](Supervisor& s) { return s.config().checkpoint.dir; })
+      .def_property_readonly("checkpoint_format", [](Supervisor& s) { return s.config().checkpoint.format; })
+      .def_property_readonly("checkpoint_commit_timeout_s",
+                             [](Supervisor& s) { return s.config().checkpoint.commit_timeout_s; })
       .def("close", &Supervisor::close, py::arg("failed") = false, py::call_guard<py::gil_scoped_release>());
 }
 

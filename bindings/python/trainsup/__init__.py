@@ -28,6 +28,7 @@ from torch's files without importing it.
 import atexit
 import functools
 import importlib
+import os
 import warnings
 import weakref
 from typing import Any, Callable, Dict, Optional
@@ -116,6 +117,7 @@ class Supervisor:
         _live.add(self)
         self._include_rng = include_rng
         self._checkpoints = False
+        self._dcp: Optional[Any] = None  # trainsup.dcp.DcpCheckpoints, made with the checkpointer
         self._snapshot_alive: Optional[list] = None
         if _nccl_initialized():
             self._sup.add_abort_callback("torch.distributed", _abort_torch_distributed)
@@ -132,14 +134,38 @@ class Supervisor:
                                    "initialized first (its store carries the commit)")
             from .checkpoint import PyStoreChannel
             channel = PyStoreChannel(_compat.default_store())
-        self._sup.enable_checkpoints(channel)
+        persist = None
+        if self._sup.checkpoint_format != "native" and _dcp_available():
+            # The DCP path's writer runs on the checkpointer's writer thread (trainsup/dcp.py);
+            # its gloo group is made here, by every rank at the same call.
+            from .dcp import DcpCheckpoints
+            self._dcp = DcpCheckpoints(self._sup.rank, self._sup.world_size, self._sup.checkpoint_commit_timeout_s)
+            persist = self._dcp.persist
+        elif self._sup.checkpoint_format == "dcp":
+            raise RuntimeError("trainsup: checkpoint_format='dcp' needs torch.distributed.checkpoint, which this "
+                               "torch does not have")
+        self._sup.enable_checkpoints(channel, persist)
         self._checkpoints = True
+
+    def _uses_dcp(self, state: Dict[str, Any]) -> bool:
+        if self._dcp is None:
+            return False
+        if self._sup.checkpoint_format == "dcp":
+            return True
+        from .dcp import holds_dtensor
+        return holds_dtensor(state)
 
     def _save(self, step: int, state: Dict[str, Any], now: bool) -> str:
         self._ensure_checkpoints()
         keep: list = []
 
         def collect() -> Any:
+            if self._uses_dcp(state):
+                # DCP's staging: the only stall; the writer thread then persists through DCP.
+                from .dcp import LAYOUT, to_dcp
+                state_dict, _ = to_dcp(state, self._sup.rank, self._include_rng)
+                self._dcp.stage(int(step), state_dict)
+                return [], {"trainsup.python": "1", "trainsup.layout": LAYOUT}
             from .checkpoint import collect as _collect
             buffers, metadata, alive = _collect(state, self._include_rng)
             keep.append(alive)
@@ -188,17 +214,44 @@ class Supervisor:
         """Checkpoints `state` now (subject to the busy policy)."""
         return self._save(step, state, True)
 
-    def restore(self, state: Dict[str, Any]) -> int:
+    def restore(self, state: Dict[str, Any], adopt_dcp: Optional[str] = None) -> int:
         """Loads the newest checkpoint that verifies on every rank into `state` (in place: modules,
         optimizers and schedulers through load_state_dict, other values replaced) and returns its
         step, or 0 when there is none. The step was completed before it was saved: resume at the
         next one (keep it in `state`, e.g. state["next_step"]). A state that does not match the
         checkpoint, or any error of a load_state_dict, raises ValueError and stops the restore on
-        every rank; an unreadable or corrupt checkpoint is skipped for the next older one."""
+        every rank; an unreadable or corrupt checkpoint is skipped for the next older one.
+
+        Checkpoints of the dcp layout (torch.distributed.checkpoint) load on any world size and
+        mesh: DCP reshards them. `adopt_dcp`: a DCP checkpoint directory (written by plain
+        dcp.save, as a job did before it adopted trainsup) to load when trainsup's directory
+        has no checkpoint yet; the step returned is then 0 and `state` holds what was saved."""
         self._ensure_checkpoints()
         from .checkpoint import load_into
-        step = self._sup.restore(lambda shard, manifest: load_into(state, shard))
+
+        def load(shard: Any, manifest: Dict[str, Any]) -> None:
+            if manifest["metadata"].get("trainsup.layout") == "dcp":
+                self._load_dcp(state, os.path.dirname(shard.path), manifest["world_size"])
+            else:
+                load_into(state, shard)
+        step = self._sup.restore(load)
+        if step is None and adopt_dcp is not None:
+            if not os.path.exists(os.path.join(adopt_dcp, ".metadata")):
+                raise NotFoundError(f"trainsup: adopt_dcp={adopt_dcp!r} is not a torch.distributed.checkpoint "
+                                    "checkpoint (no .metadata)")
+            self._load_dcp(state, adopt_dcp, None)
+            self.event("checkpoint_adopted", dir=adopt_dcp)
+            self.log(f"adopted the torch.distributed.checkpoint checkpoint {adopt_dcp}")
         return 0 if step is None else step
+
+    def _load_dcp(self, state: Dict[str, Any], path: str, world_size: Optional[int]) -> None:
+        if self._dcp is None:
+            raise ValueError(f"trainsup: {path} is a torch.distributed.checkpoint checkpoint and "
+                             "checkpoint_format is 'native'")
+        from .dcp import to_dcp
+        state_dict, apply = to_dcp(state, self._sup.rank, True)
+        self._dcp.load(state_dict, path, world_size)
+        apply(state_dict)
 
     def add_abort_callback(self, name: str, callback: Callable[[str, int], None]) -> None:
         """Runs callback(section, step) when this rank aborts (a stall with stall_action=exit,
@@ -261,6 +314,15 @@ class Supervisor:
 # Supervisors still open at exit are closed while the interpreter is intact, so that no thread
 # is joined (and no pending persist waited for) during interpreter shutdown.
 _live: "weakref.WeakSet[Supervisor]" = weakref.WeakSet()
+
+
+def _dcp_available() -> bool:
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _nccl_initialized() -> bool:

@@ -27,7 +27,9 @@ The job is otherwise unchanged: ``dist.get_backend()`` says ``gloo`` or ``nccl``
 without trainsup. One visible difference: ``group._get_backend(device)`` returns the wrapper;
 ``inner_backend()`` gives the real one.
 """
-from typing import Any, Dict, List, Optional
+import contextlib
+import threading
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch.distributed as dist
 
@@ -62,10 +64,25 @@ def track_process_group(group: Optional[Any] = None) -> int:
 
 
 _hooked = False
+_untracked = threading.local()
+
+
+@contextlib.contextmanager
+def untracked_groups() -> Iterator[None]:
+    """Process groups this thread creates inside are not tracked: trainsup's own (the
+    checkpoint writer's gloo group, whose collectives wait on disks, not on hung ranks)."""
+    depth = getattr(_untracked, "depth", 0)
+    _untracked.depth = depth + 1
+    try:
+        yield
+    finally:
+        _untracked.depth = depth
 
 
 def _track_new_group(pg: Any, global_ranks: Optional[List[int]] = None) -> None:
     from . import _trainsup_torch
+    if getattr(_untracked, "depth", 0):
+        return
     try:
         if global_ranks is None:
             global_ranks = list(dist.get_process_group_ranks(pg))

@@ -84,6 +84,11 @@ struct CheckpointOptions {
   // Every rank saves the same state (data parallel, e.g. DDP): a checkpoint of N ranks then
   // restores on any number of ranks, rank r reading shard r % N.  TRAINSUP_CHECKPOINT_REPLICATED
   bool replicated = false;
+  // How Python states are written (C++ trainers always write trainsup's own shards):
+  // "native" trainsup's shards; "dcp" torch.distributed.checkpoint files with trainsup's shards
+  // beside them (reshards to any world size); "auto" dcp when the state holds DTensors (FSDP2,
+  // TP), native otherwise.  TRAINSUP_CHECKPOINT_FORMAT
+  std::string format = "auto";
   double commit_timeout_s = 600;            // TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S
   double mtbf_s = 0;                        // TRAINSUP_MTBF_S (0 = unknown)
   int sync_steps = 10;                      // TRAINSUP_CHECKPOINT_SYNC_STEPS: initial decision spacing

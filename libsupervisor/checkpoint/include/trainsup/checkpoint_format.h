@@ -72,6 +72,13 @@ struct ShardInfo {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr const char* kManifestName = "MANIFEST.json";
+// A shard's `bytes` entry listing the other files of the checkpoint that this rank wrote (UTF-8
+// JSON array of objects with at least "file", a name in the step directory, and "size" in
+// bytes). A checkpoint is valid only if each is present with that size.
+inline constexpr const char* kCompanionsEntry = "trainsup.companions";
+// Manifest metadata naming how the tensors are laid out: absent for trainsup's own shards,
+// "dcp" for torch.distributed.checkpoint files beside them (any world size may read them).
+inline constexpr const char* kLayoutKey = "trainsup.layout";
 
 TRAINSUP_EXPORT std::string checkpointDirName(int64_t step);                   // "step-00000000000000001234"
 // The step of a checkpoint directory's name, or nullopt for any other name. A name of that
@@ -132,8 +139,9 @@ TRAINSUP_EXPORT Result<Manifest> readManifest(FileSystem& fs, const std::string&
 // verified as it is read:
 // - openCheckedShard: shard `shard_rank` of `manifest` in `dir` is present, of the manifest's
 //   size, its index has the manifest's checksum, and its header names that rank, the
-//   manifest's world size and `step`. Returns it opened; else NotFound ("missing shard") or
-//   Corruption saying what is wrong.
+//   manifest's world size and `step`, and every companion file it lists (kCompanionsEntry) is
+//   present with its size. Returns it opened; else NotFound ("missing shard", "missing file")
+//   or Corruption saying what is wrong.
 // - checkCheckpoint: `dir`'s manifest reads (its checksum holds), is of `step`, and every shard
 //   passes openCheckedShard. Returns the manifest, or the first reason the checkpoint is not valid.
 TRAINSUP_EXPORT Result<std::unique_ptr<ShardReader>> openCheckedShard(FileSystem& fs, const std::string& dir,

@@ -88,6 +88,17 @@ class TRAINSUP_EXPORT Checkpointer {
   // Whether the ranks agreed to stop (from a decision point, the same step on every rank).
   // Any thread.
   bool stopAgreed() const;
+  // Another writer of this rank's checkpoint data, beside the shard: the writer thread calls it
+  // at every persist, on every rank, after the step directory exists and before this rank's
+  // shard is written, so that everything it writes is durable before the shard that describes
+  // it, and the shard before the manifest. It returns named byte strings that go into the shard
+  // as `bytes` entries (checksums of the files it wrote; kCompanionsEntry lists files that must
+  // be present for the checkpoint to be valid). An error fails that checkpoint on this rank,
+  // like a write error. Python's torch.distributed.checkpoint path uses it
+  // (docs/checkpoint-format.md). Set it before the first save; training thread.
+  using PersistHook =
+      std::function<Result<std::vector<std::pair<std::string, std::string>>>(const std::string& step_dir, int64_t step)>;
+  void setPersistHook(PersistHook hook);
   // Waits until no persist is in flight; returns that persist's error if it failed.
   Status waitIdle(Nanos timeout);
   // The first persist error since the last call, or OK.
@@ -97,7 +108,9 @@ class TRAINSUP_EXPORT Checkpointer {
   // this rank's shard and reads what it needs (reads verify checksums); a failure makes every
   // rank move on to the next older checkpoint — except InvalidArgument from `load` (the state
   // does not match the checkpoint's tensors), which stops the restore with that error on every
-  // rank. Returns the restored step, or nullopt if there is none.
+  // rank. Returns the restored step, or nullopt if there is none. A checkpoint written by
+  // another world size is offered to `load` only if its layout reshards (manifest metadata
+  // kLayoutKey = "dcp", or replicated state); otherwise it is skipped.
   using Load = std::function<Status(const Manifest& manifest, const ShardReader& shard)>;
   Result<std::optional<int64_t>> restore(const Load& load);
 

@@ -1,0 +1,426 @@
+"""Checkpoints of sharded state on torch.distributed.checkpoint (DCP), with trainsup's guarantees.
+
+A step directory written this way is a DCP checkpoint (``__<rank>_0.distcp`` files and
+``.metadata``, as DCP's FileSystemWriter writes them) that plain ``dcp.load`` reads, plus
+trainsup's shard per rank and ``MANIFEST.json``:
+
+  - DCP's planner and DTensor metadata decide what each rank writes and reads, so state saved
+    on N ranks over one mesh loads on M ranks over another (FSDP2, TP, FSDP2 x TP);
+  - each rank's data file is checksummed item by item (XXH3-64) as DCP writes it; the checksums
+    and the file's size go into that rank's trainsup shard (entry ``trainsup.companions``), rank
+    0's also holds ``.metadata``'s; a restore verifies every item it reads and ``.metadata``;
+  - the C++ checkpointer does the rest as for its own shards: decisions agreed by every rank,
+    the snapshot at a step boundary (here DCP's own staging into a reused CPU copy), the persist
+    on its writer thread, the commit (``MANIFEST.json`` after every rank's files are durable),
+    newest-valid fallback, retention, the stop-signal save.
+
+DCP's collectives run on a gloo group of their own (untracked: a slow disk is not a hung rank),
+made once by every rank with the commit timeout as its timeout.
+
+Everything here runs in the rank (torch is imported).
+"""
+import io
+import json
+import os
+import pickle
+import re
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemReader, FileSystemWriter
+
+from . import _trainsup
+from .errors import CorruptionError
+
+LAYOUT = "dcp"
+COMPANIONS = "trainsup.companions"
+METADATA_FILE = ".metadata"
+RNG_PREFIX = "trainsup.rng.r"
+
+
+def dtensor_class() -> Any:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    return DTensor
+
+
+def holds_dtensor(state: Dict[str, Any]) -> bool:
+    """Whether `state` (modules, optimizers, values) holds a DTensor: FSDP2 or TP state."""
+    DTensor = dtensor_class()
+    if DTensor is None:
+        return False
+    for obj in state.values():
+        if isinstance(obj, torch.nn.Module):
+            if any(isinstance(p, DTensor) for p in obj.parameters()):
+                return True
+        elif isinstance(obj, DTensor):
+            return True
+    return False
+
+
+# --- state <-> DCP state dict ---------------------------------------------------------------
+
+def _owner(optimizer: Any, modules: Dict[str, torch.nn.Module], key: str) -> torch.nn.Module:
+    params = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    for module in modules.values():
+        if any(id(p) in params for p in module.parameters()):
+            return module
+    raise ValueError(f"trainsup: the optimizer '{key}' optimizes no module of the state ({sorted(modules) or 'none'}); "
+                     "a torch.distributed.checkpoint checkpoint names optimizer state by parameter name, so the "
+                     "model must be in the state beside its optimizer")
+
+
+def to_dcp(state: Dict[str, Any], rank: int, include_rng: bool) -> Tuple[Dict[str, Any], Callable[[Dict[str, Any]], None]]:
+    """The DCP state dict of `state` (modules and their optimizers through
+    torch.distributed.checkpoint.state_dict, which names optimizer state by parameter and keeps
+    DTensors sharded; other objects with state_dict() through it; other values as they are),
+    and a function that puts a loaded one back into `state`."""
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                           set_model_state_dict, set_optimizer_state_dict)
+    from . import _compat
+    modules = {k: _compat.compiled_module_inner(v) or v for k, v in state.items() if isinstance(v, torch.nn.Module)}
+    out: Dict[str, Any] = {}
+    setters: List[Callable[[Dict[str, Any]], None]] = []
+    for key, obj in state.items():
+        if key.startswith(RNG_PREFIX):
+            raise ValueError(f"trainsup: state key '{key}' is reserved (the ranks' RNG states)")
+        if key in modules:
+            module = modules[key]
+            out[key] = get_model_state_dict(module)
+            setters.append(lambda d, k=key, m=module: set_model_state_dict(m, d[k]))
+        elif isinstance(obj, torch.optim.Optimizer):
+            module = _owner(obj, modules, key)
+            out[key] = get_optimizer_state_dict(module, obj)
+            setters.append(lambda d, k=key, m=module, o=obj: set_optimizer_state_dict(m, o, d[k]))
+        elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+            out[key] = obj.state_dict()
+            setters.append(lambda d, k=key, o=obj: o.load_state_dict(d[k]))
+        else:
+            out[key] = obj
+            setters.append(lambda d, k=key: state.__setitem__(k, d[k]))
+    if include_rng:
+        from .checkpoint import _rng_state
+        out[f"{RNG_PREFIX}{rank}"] = torch.frombuffer(bytearray(pickle.dumps(_rng_state())), dtype=torch.uint8)
+
+    def apply(loaded: Dict[str, Any]) -> None:
+        for s in setters:
+            s(loaded)
+        rng = loaded.get(f"{RNG_PREFIX}{rank}")
+        if isinstance(rng, torch.Tensor):
+            from .checkpoint import _set_rng_state
+            _set_rng_state(pickle.loads(rng.numpy().tobytes()))
+    return out, apply
+
+
+def _flat(state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    return flatten_state_dict(state_dict)[0]
+
+
+def check_fit(target: Dict[str, Any], metadata: Any, where: str) -> None:
+    """Raises ValueError naming the key (and both shapes) where `target` does not fit the
+    checkpoint's metadata: a key the checkpoint lacks, or a tensor of another global shape."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    saved = metadata.state_dict_metadata
+    for key, value in _flat(target).items():
+        if key.startswith(RNG_PREFIX):
+            continue
+        md = saved.get(key)
+        if md is None:
+            near = [k for k in saved if k.split(".")[0] == key.split(".")[0]][:3]
+            raise ValueError(f"the checkpoint in {where} has no '{key}', which the state has"
+                             + (f" (it has e.g. {near})" if near else ""))
+        if isinstance(value, torch.Tensor):
+            if not isinstance(md, TensorStorageMetadata):
+                raise ValueError(f"'{key}': the checkpoint in {where} holds a non-tensor value, the state a tensor "
+                                 f"of shape {list(value.shape)}")
+            if list(md.size) != list(value.shape):
+                raise ValueError(f"'{key}': the checkpoint in {where} has shape {list(md.size)}, the state "
+                                 f"{list(value.shape)}")
+
+
+# --- writing: DCP's FileSystemWriter, its data checksummed as it is written ---------------------
+
+class _HashingStream(io.RawIOBase):
+    """A data file DCP writes, hashed in segments: DCP reads tell() before and after each item
+    it writes, so each segment between two tell() calls is one item."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__()
+        self.raw = raw
+        self.pos = self.start = raw.tell()
+        self.hash = _trainsup.Xxh3()
+        self.segments: Dict[Tuple[int, int], str] = {}
+
+    def write(self, b: Any) -> int:
+        n = self.raw.write(b)
+        n = len(memoryview(b).cast("B")) if n is None else n
+        self.hash.update(memoryview(b).cast("B")[:n])
+        self.pos += n
+        return n
+
+    def tell(self) -> int:
+        if self.pos > self.start:
+            self.segments[(self.start, self.pos - self.start)] = self.hash.hexdigest()
+        self.hash.reset()
+        self.start = self.pos
+        return self.pos
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
+    def flush(self) -> None:
+        if not self.raw.closed:
+            self.raw.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.tell()
+            self.raw.close()
+        super().close()
+
+
+class _HashingFileSystem(FileSystem):
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: Dict[str, _HashingStream] = {}
+
+    @contextmanager
+    def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+        with super().create_stream(path, mode) as raw:
+            if "w" not in mode or not str(path).endswith(".distcp"):
+                yield raw
+                return
+            stream = _HashingStream(raw)
+            self.files[str(path)] = stream
+            yield stream
+            stream.close()
+
+
+class _Writer(FileSystemWriter):
+    """DCP's FileSystemWriter (one file per rank, fsynced), hashing what it writes."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
+        self.fs = _HashingFileSystem()
+        self.results: List[Any] = []
+
+    def write_data(self, plan: Any, planner: Any) -> Any:
+        future = super().write_data(plan, planner)
+        self.results = list(future.value())
+        return future
+
+    def companions(self) -> List[Dict[str, Any]]:
+        """This rank's files: name, size, and (offset, length, XXH3) of every item in them."""
+        by_file: Dict[str, List[List[Any]]] = {}
+        for r in self.results:
+            info = r.storage_data
+            by_file.setdefault(info.relative_path, []).append([info.offset, info.length])
+        out = []
+        for path, stream in self.fs.files.items():
+            name = os.path.basename(path)
+            items = []
+            for offset, length in sorted(by_file.get(name, [])):
+                digest = stream.segments.get((offset, length))
+                if digest is None:  # not one segment: hash it from the file (it was just written)
+                    digest = _hash_range(path, offset, length)
+                items.append([offset, length, digest])
+            out.append({"file": name, "size": os.path.getsize(path), "items": items})
+        return out
+
+
+def _hash_range(path: str, offset: int, length: int) -> str:
+    h = _trainsup.Xxh3()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left > 0:
+            chunk = f.read(min(left, 16 << 20))
+            if not chunk:
+                raise CorruptionError(f"{path}: ends before offset {offset} + {length}")
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
+# --- reading: every item verified against the shard that wrote it -----------------------------
+
+class _VerifiedReader(FileSystemReader):
+    def __init__(self, path: str, world_size: int) -> None:
+        super().__init__(path)
+        self._world = world_size
+        self._listed: Dict[int, List[Dict[str, Any]]] = {}  # rank -> its shard's companion files
+        self._sums: Dict[str, Dict[int, Tuple[int, str]]] = {}  # file -> offset -> (length, xxh3)
+        self._names: Dict[Tuple[str, int], str] = {}
+
+    def _companions(self, rank: int) -> List[Dict[str, Any]]:
+        """The files rank `rank` wrote, from its shard (checked against the manifest)."""
+        if rank not in self._listed:
+            shard = _trainsup.open_checked_shard(str(self.path), rank)
+            entries = {e["name"]: e for e in shard.entries()}
+            if COMPANIONS not in entries:
+                raise CorruptionError(f"{shard.path}: no {COMPANIONS} entry (not a torch.distributed.checkpoint shard)")
+            buf = torch.empty(entries[COMPANIONS]["shape"], dtype=torch.uint8)
+            shard.read_into(COMPANIONS, buf.data_ptr(), buf.numel())
+            self._listed[rank] = json.loads(buf.numpy().tobytes())
+            for c in self._listed[rank]:
+                if "items" in c:
+                    self._sums[c["file"]] = {int(o): (int(n), d) for o, n, d in c["items"]}
+        return self._listed[rank]
+
+    def _checksums(self, name: str) -> Dict[int, Tuple[int, str]]:
+        if name not in self._sums:
+            m = re.match(r"__(\d+)_", name)  # DCP names rank r's files __<r>_<n>.distcp
+            hint = [int(m.group(1))] if m and int(m.group(1)) < self._world else []
+            for r in hint + list(range(self._world)):
+                self._companions(r)
+                if name in self._sums:
+                    break
+        if name not in self._sums:
+            raise CorruptionError(f"{os.path.join(str(self.path), name)}: no shard of the checkpoint lists this file")
+        return self._sums[name]
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        path = os.path.join(str(self.path), METADATA_FILE)
+        meta = next((c for c in self._companions(0) if c.get("file") == METADATA_FILE), None)
+        if meta is None:
+            raise CorruptionError(f"{path}: shard 0 does not list it")
+        with open(path, "rb") as f:
+            data = f.read()
+        h = _trainsup.Xxh3()
+        h.update(data)
+        if len(data) != meta["size"] or h.hexdigest() != meta["xxh3"]:
+            raise CorruptionError(f"{path}: checksum mismatch ({len(data)} bytes, shard 0 says {meta['size']})")
+        metadata = pickle.loads(data)
+        from torch.distributed.checkpoint.metadata import StorageMeta
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._names = {(s.relative_path, s.offset): index.fqn for index, s in metadata.storage_data.items()}
+
+    def _slice_file(self, file: Any, sinfo: Any) -> Any:
+        where = f"{os.path.join(str(self.path), sinfo.relative_path)} at offset {sinfo.offset}"
+        what = self._names.get((sinfo.relative_path, sinfo.offset), "?")
+        expected = self._checksums(sinfo.relative_path).get(sinfo.offset)
+        if expected is None or expected[0] != sinfo.length:
+            raise CorruptionError(f"{where} ('{what}'): no checksum for these {sinfo.length} bytes")
+        file.seek(sinfo.offset)
+        data = file.read(sinfo.length)
+        if len(data) != sinfo.length:
+            raise CorruptionError(f"{where} ('{what}'): {sinfo.length} bytes expected, the file ends after "
+                                  f"{len(data)} (truncated?)")
+        h = _trainsup.Xxh3()
+        h.update(data)
+        if h.hexdigest() != expected[1]:
+            raise CorruptionError(f"{where} ('{what}'): checksum mismatch")
+        return io.BytesIO(data)
+
+
+# --- the rank's side of it -----------------------------------------------------------------
+
+def _failure(e: BaseException) -> BaseException:
+    """A DCP CheckpointException (failures gathered from every rank) as what trainsup's restore
+    understands: CorruptionError when a file was bad or unreadable on any rank (try an older
+    checkpoint), else the first rank's own error."""
+    failures = getattr(e, "failures", None)
+    if not failures:
+        return e
+    causes = []
+    for rank, wrapped in sorted(failures.items()):  # (exception, traceback summary) per rank
+        causes.append((rank, wrapped[0] if isinstance(wrapped, tuple) else wrapped))
+    bad = [(r, c) for r, c in causes if isinstance(c, (CorruptionError, OSError, EOFError, pickle.UnpicklingError))]
+    if bad:
+        return CorruptionError("; ".join(f"rank {r}: {c}" for r, c in bad))
+    rank, cause = causes[0]
+    return cause if isinstance(cause, ValueError) else ValueError(f"rank {rank}: {cause}")
+
+
+class DcpCheckpoints:
+    """One rank's DCP path: stages at the step boundary, writes from the checkpointer's writer
+    thread (persist hook), loads at restore."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.group: Optional[Any] = None
+        if world_size > 1:
+            from .distributed import untracked_groups
+            with untracked_groups():
+                self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1.0, timeout_s)))
+        self._cache: Optional[Dict[str, Any]] = None
+        self._signature: Optional[Any] = None
+        self._pending: Optional[Tuple[int, Dict[str, Any]]] = None
+
+    # Training thread, at a step boundary: the stall.
+    def stage(self, step: int, state_dict: Dict[str, Any]) -> int:
+        """Copies `state_dict`'s tensors into a CPU copy kept across saves (DCP's staging with
+        a reused stager); returns the bytes staged."""
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        signature = [(k, tuple(v.shape), v.dtype) for k, v in _flat(state_dict).items() if isinstance(v, torch.Tensor)]
+        if self._cache is None or signature != self._signature:
+            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._signature = signature
+        staged = _copy_state_dict(state_dict, self._cache, non_blocking=torch.cuda.is_available())
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._pending = (step, staged)
+        return sum(v.numel() * v.element_size() for v in _flat(staged).values() if isinstance(v, torch.Tensor))
+
+    # Writer thread: the persist hook (checkpointer.h). Every rank, every persist.
+    def persist(self, step_dir: str, step: int) -> List[Tuple[str, bytes]]:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []  # this checkpoint is trainsup's own format
+        if pending[0] != step:
+            raise RuntimeError(f"trainsup: staged state of step {pending[0]} persisted as step {step}")
+        writer = _Writer(step_dir)
+        dcp.save(pending[1], storage_writer=writer, process_group=self.group)
+        companions = writer.companions()
+        if self.rank == 0:
+            path = os.path.join(step_dir, METADATA_FILE)
+            with open(path, "rb") as f:
+                data = f.read()
+            h = _trainsup.Xxh3()
+            h.update(data)
+            companions.append({"file": METADATA_FILE, "size": len(data), "xxh3": h.hexdigest()})
+        return [(COMPANIONS, json.dumps(companions, separators=(",", ":")).encode())]
+
+    # Training thread, at restore: a trainsup checkpoint of the dcp layout, or an adopted one.
+    def load(self, state_dict: Dict[str, Any], path: str, world_size: Optional[int]) -> None:
+        """Loads `path` into `state_dict` in place. world_size: that of the trainsup checkpoint
+        (every item verified), or None for a plain DCP checkpoint being adopted."""
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+        reader: Any = _VerifiedReader(path, world_size) if world_size else FileSystemReader(path)
+        try:
+            metadata = reader.read_metadata()
+        except FileNotFoundError as e:
+            raise CorruptionError(f"{path}: {e.strerror}: {e.filename}") from e
+        except (pickle.UnpicklingError, EOFError) as e:
+            raise CorruptionError(f"{os.path.join(path, METADATA_FILE)}: unreadable: {e}") from e
+        check_fit(state_dict, metadata, path)  # before any state is touched
+        # This rank's RNG state where this rank saved one (a job of another size resumes the
+        # rest fresh); every other key must be there (check_fit).
+        for key in [k for k in state_dict if k.startswith(RNG_PREFIX)]:
+            if key not in metadata.state_dict_metadata:
+                del state_dict[key]
+            else:
+                size = metadata.state_dict_metadata[key].size
+                state_dict[key] = torch.empty(list(size), dtype=torch.uint8)
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+        try:
+            dcp.load(state_dict, storage_reader=reader, planner=DefaultLoadPlanner(allow_partial_load=True),
+                     process_group=self.group)
+        except (Exception, CheckpointException) as e:
+            raise _failure(e) from e

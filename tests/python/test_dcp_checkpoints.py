@@ -1,0 +1,123 @@
+"""Sharded checkpoints on torch.distributed.checkpoint (trainsup/dcp.py), on gloo: FSDP2 x TP
+state saved on N ranks restores on M ranks and on another mesh shape with every tensor bitwise
+equal; plain dcp.load reads trainsup's checkpoint; a job adopting trainsup restores from its
+existing DCP checkpoint; a corrupt item or .metadata is skipped for the older checkpoint with a
+reason naming the file; a state that does not fit names the key and both shapes; a TP degree
+larger than the world is refused before any state exists."""
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "reshard_worker.py")
+
+
+def _run(world, *args, timeout=300, expect_rc=0):
+    from ranks import Ranks
+    with Ranks(world, [sys.executable, WORKER, *map(str, args)], env={"TRAINSUP_LOG_STDERR": "0"}) as job:
+        outs = job.communicate(timeout=timeout)
+    results = []
+    for rc, out in outs:
+        assert rc == expect_rc, out[-4000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def _equal(results):
+    cmp = results[0]["compare"]
+    assert cmp["tensors"] >= 10 and cmp["differ"] == [] and cmp["missing"] == [], cmp
+
+
+def _events(root, name):
+    out = []
+    for f in pathlib.Path(root, "logs").glob("*.events.jsonl"):
+        out += [json.loads(line) for line in f.read_text().splitlines() if f'"{name}"' in line]
+    return out
+
+
+@pytest.mark.parametrize("saved, restored", [((4, 2), (2, 2)),   # shrink: 2x2 -> 1x2 (a host lost)
+                                             ((2, 2), (4, 2)),   # grow: 1x2 -> 2x2 (a spare joins)
+                                             ((4, 2), (4, 1))])  # another mesh shape: 2x2 -> 4x1
+def test_fsdp2_tp_state_reshards_bitwise(tmp_path, saved, restored):
+    results = _run(saved[0], "save", tmp_path, "--tp", saved[1], "--steps", 3)
+    assert all(r["outcome"] == "started" for r in results), results
+    step_dir = next((tmp_path / "ckpt").glob("step-*"))
+    names = sorted(p.name for p in step_dir.iterdir())
+    # A DCP checkpoint (one data file per rank, .metadata) with trainsup's shards and manifest.
+    assert ".metadata" in names and "MANIFEST.json" in names, names
+    assert sum(n.endswith(".distcp") for n in names) == saved[0] and sum(n.endswith(".tsc") for n in names) == saved[0]
+    results = _run(restored[0], "restore", tmp_path, "--tp", restored[1], "--seed", 1)
+    assert all(r["step"] == 3 and r["next_step"] == 3 for r in results), results
+    assert results[0]["mesh"] == [restored[0] // restored[1], restored[1]]
+    _equal(results)
+
+
+def test_plain_dcp_load_reads_a_trainsup_checkpoint(tmp_path):
+    _run(2, "save", tmp_path, "--tp", 2)
+    results = _run(2, "plain", tmp_path, "--tp", 2, "--seed", 1)
+    assert results[0]["next_step"] == 3
+    _equal(results)
+
+
+def test_a_job_adopting_trainsup_restores_its_existing_dcp_checkpoint(tmp_path):
+    _run(2, "dcpsave", tmp_path, "--tp", 2, "--steps", 4)
+    results = _run(2, "adopt", tmp_path, "--tp", 2, "--seed", 1)
+    assert results[0]["next_step"] == 4
+    _equal(results)
+    assert _events(tmp_path, "checkpoint_adopted")
+
+
+def _save_twice(tmp_path):
+    """Checkpoints of steps 3 and 5 (the older one kept by retention)."""
+    _run(2, "save", tmp_path, "--tp", 2, "--steps", 3)
+    older = tmp_path / "older-ref.pt"
+    (tmp_path / "ref.pt").rename(older)
+    _run(2, "save", tmp_path, "--tp", 2, "--steps", 5)
+    older.replace(tmp_path / "ref.pt")  # what a restore of step 3 must give
+    steps = sorted((tmp_path / "ckpt").glob("step-*"))
+    assert len(steps) == 2, steps
+    return steps[-1]
+
+
+@pytest.mark.parametrize("damage", ["item", "metadata", "missing_file"])
+def test_a_corrupt_dcp_checkpoint_is_skipped_for_the_older_one(tmp_path, damage):
+    newest = _save_twice(tmp_path)
+    if damage == "item":
+        data = newest / "__1_0.distcp"
+        raw = bytearray(data.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        data.write_bytes(bytes(raw))
+    elif damage == "metadata":
+        meta = newest / ".metadata"
+        raw = bytearray(meta.read_bytes())
+        raw[-10] ^= 0xFF
+        meta.write_bytes(bytes(raw))
+    else:
+        (newest / "__0_0.distcp").unlink()
+    results = _run(2, "restore", tmp_path, "--tp", 2, "--seed", 1)
+    assert all(r["step"] == 3 for r in results), results
+    _equal(results)
+    skipped = _events(tmp_path, "checkpoint_skipped")
+    assert skipped, "no checkpoint_skipped event"
+    reason = skipped[0]["reason"]
+    print(f"[measure] {damage}: skipped for step 3 because: {reason}")
+    expected = {"item": ("__1_0.distcp", "checksum mismatch"), "metadata": (".metadata", "checksum mismatch"),
+                "missing_file": ("__0_0.distcp", "missing file")}[damage]
+    assert all(x in reason for x in expected), reason
+
+
+def test_a_state_that_does_not_fit_names_the_key_and_both_shapes(tmp_path):
+    _run(2, "save", tmp_path, "--tp", 2)
+    # The same mesh, another model: MLP(hidden=48) instead of 64.
+    results = _run(2, "restore", tmp_path, "--tp", 2, "--hidden", 48)
+    err = results[0]["error"]
+    assert "'model.up.weight'" in err and "[64, 32]" in err and "[48, 32]" in err, err
+
+
+def test_a_tp_degree_larger_than_the_world_is_refused_before_any_state(tmp_path):
+    _run(2, "save", tmp_path, "--tp", 2)
+    results = _run(1, "restore", tmp_path, "--tp", 2, expect_rc=3)
+    assert "tensor-parallel degree 2 does not fit a world of 1 rank" in results[0]["layout_error"], results
