@@ -156,7 +156,7 @@ class Cluster:
 
     def worker_pids(self, host):
         """The pids of host's workers of the current round (the newest start of each)."""
-        starts = sorted((e for e in self.rank_events(host) if e["event"] == "supervisor_start"), key=lambda e: e["time"])
+        starts = sorted((e for e in self.rank_events(host) if e["event"] == "supervisor_start"), key=lambda e: e["wall_s"])
         return [e["pid"] for e in starts[-self.nproc:]]
 
     def wait_agents(self, timeout):
@@ -358,9 +358,9 @@ def main():
     elif a.scenario in ("mesh_shrink", "mesh_grow"):
         run = mesh_shrink_scenario if a.scenario == "mesh_shrink" else mesh_grow_scenario
         c, wall, codes = run(a.workdir, a.steps)
-        restores = [{k: e.get(k) for k in ("step", "world_size", "time")} for h in ("host-a", "host-b")
+        restores = [{k: e.get(k) for k in ("step", "world_size", "rank", "wall_s")} for h in ("host-a", "host-b")
                     for e in c.rank_events(h) if e["event"] == "checkpoint_restored"]
-        summary.update(agent_exit_codes=codes, fault_time=wall, restores=sorted(restores, key=lambda r: r["time"]),
+        summary.update(agent_exit_codes=codes, fault_time=wall, restores=sorted(restores, key=lambda r: r["wall_s"]),
                        finished=(pathlib.Path(a.workdir) / "final.pt").exists())
     else:
         c, fault_wall, codes = fault_scenario(a.workdir, a.steps, spare=a.scenario == "spare",

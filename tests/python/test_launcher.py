@@ -335,3 +335,37 @@ def test_checkpoints_the_shrunk_job_cannot_restore_end_it_at_once_saying_why(tmp
     give_up = [e for e in a if e["event"] == "give_up"]
     assert len(give_up) == 1 and give_up[0]["cause"] == "checkpoint_incompatible", _explain(s)
     assert "written by world size 2" in give_up[0]["reason"] and "with world size 1" in give_up[0]["reason"]
+
+
+def _committed_world(workdir, step):
+    """The world size of the job that committed checkpoint `step` (its ranks' events)."""
+    worlds = {e["world_size"] for p in (workdir / "logs").glob("*.events.jsonl") for e in _events(p)
+              if e["event"] == "checkpoint_committed" and e["step"] == step}
+    assert len(worlds) == 1, worlds
+    return worlds.pop()
+
+
+def test_a_sharded_fsdp_tp_job_that_loses_a_host_resumes_resharded_on_the_smaller_mesh(tmp_path):
+    """Issue 20: 2 hosts x 2 ranks, FSDP2 x TP on a 2x2 mesh, no spare; host-b frozen. host-b is
+    quarantined and the job resumes on host-a alone (mesh 1x2) from the torch.distributed.checkpoint
+    checkpoint the 4 ranks wrote, and finishes."""
+    s = _run("mesh_shrink", tmp_path / "mesh_shrink")
+    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95} and s["quarantine"] == ["host-b"], _explain(s)
+    assert s["finished"], _explain(s)
+    after = [r for r in s["restores"] if r["wall_s"] > s["fault_time"]]
+    assert sorted(r["rank"] for r in after) == [0, 1] and all(r["world_size"] == 2 for r in after), _explain(s)
+    step = after[0]["step"]
+    assert step >= 150 and _committed_world(tmp_path / "mesh_shrink", step) == 4, _explain(s)
+    print(f"[measure] mesh 2x2 -> 1x2: resumed from step {step} "
+          f"{after[0]['wall_s'] - s['fault_time']:.2f} s after host-b froze")
+
+
+def test_a_sharded_fsdp_tp_job_grows_onto_a_host_that_joins(tmp_path):
+    """Issue 20: the job trains on host-a alone (mesh 1x2); host-b joins at the next round and the
+    job resumes on 4 ranks (mesh 2x2) from the checkpoint the 2 ranks wrote, and finishes."""
+    s = _run("mesh_grow", tmp_path / "mesh_grow")
+    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 0} and s["quarantine"] == [], _explain(s)
+    assert s["finished"], _explain(s)
+    grown = [r for r in s["restores"] if r["world_size"] == 4]
+    assert sorted(r["rank"] for r in grown) == [0, 1, 2, 3], _explain(s)
+    assert _committed_world(tmp_path / "mesh_grow", grown[0]["step"]) == 2, _explain(s)
