@@ -9,9 +9,10 @@ three ways, in an order rotated per round, and restores it two ways:
   trainsup      sup.checkpoint(step, state): the stall is the call (DCP-style staging into a
                 CPU copy kept across saves); persist is the writer thread's dcp.save plus
                 trainsup's checksums, shard and commit (event checkpoint_committed, persist_s)
-  dcp.async     dcp.async_save with one FileSystemWriter(cache_staged_state_dict=True) reused
-                across saves (DCP's docs: "the stager is maintained and reused for multiple
-                dcp.async_save calls"): the stall is the call, persist the future's wait
+  dcp.async     dcp.async_save with one DefaultStager passed as async_stager and reused across
+                saves (DCP's docs: a caller-provided stager is kept and closed after the last
+                checkpoint; FileSystemWriter(cache_staged_state_dict=True) pins memory, which
+                needs CUDA): the stall is the call, persist the future's wait
   dcp.save      dcp.save: the call is both the stall and the persist
   restore       sup.restore(state) (every item verified) vs dcp.load of the same directory
 
@@ -42,6 +43,7 @@ def rank_main(workdir, rounds, hidden):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
     sys.path.insert(0, os.path.join(REPO, "examples", "python"))
     import train_mesh
@@ -57,7 +59,12 @@ def rank_main(workdir, rounds, hidden):
     opt.step()
     state = {"model": model, "optimizer": opt, "next_step": 1}
     plain_group = dist.new_group(backend="gloo")  # DCP's collectives off the training's group, as trainsup does
-    async_writer = FileSystemWriter(os.path.join(workdir, "async-0"), cache_staged_state_dict=True)
+    # One stager for every async_save, as DCP's docs say ("If you provide an async_stager, call
+    # close() after the last checkpoint is saved"); its StateDictStager keeps the CPU copies.
+    # Pinned and shared memory, async staging and non-blocking copies need an accelerator: off
+    # here, as async_save's own default stager has them.
+    stager = DefaultStager(StagingOptions(use_pinned_memory=torch.cuda.is_available(), use_shared_memory=False,
+                                          use_async_staging=False, use_non_blocking_copy=torch.cuda.is_available()))
     rows = []
 
     def data_bytes(path):
@@ -97,7 +104,7 @@ def rank_main(workdir, rounds, hidden):
                         dcp.save(sd, checkpoint_id=path, process_group=plain_group)
                         stall = persist = time.perf_counter() - t0
                     else:
-                        fut = dcp.async_save(sd, checkpoint_id=path, storage_writer=async_writer,
+                        fut = dcp.async_save(sd, storage_writer=FileSystemWriter(path), async_stager=stager,
                                              process_group=plain_group)
                         stall = time.perf_counter() - t0
                         fut.result()
@@ -120,6 +127,7 @@ def rank_main(workdir, rounds, hidden):
             row["restore_dcp_s"] = time.perf_counter() - t0
             if r > 0:
                 rows.append(row)
+    stager.close()
     if rank == 0:
         print("ROWS " + json.dumps(rows), flush=True)
     dist.destroy_process_group()
@@ -140,7 +148,7 @@ def summarize(rows, hidden):
     restore = ratios(lambda r: r["restore_trainsup_s"] / r["restore_dcp_s"])
     med = lambda how, k: round(statistics.median(r[how][k] for r in rows), 4)  # noqa: E731
     return {"bench": "dcp_checkpoint", "ranks": 2, "mesh": "1x2 (dp, tp)", "hidden": hidden, "rounds": len(rows),
-            "bytes_per_rank": rows[0]["trainsup"]["bytes"],
+            "data_bytes_per_checkpoint": rows[0]["trainsup"]["bytes"],
             "stall_ratio_vs_async_save": stall_async[0], "stall_ratio_vs_async_save_range": stall_async[1],
             "stall_ratio_vs_save": stall_sync[0], "stall_ratio_vs_save_range": stall_sync[1],
             "persist_throughput_ratio_vs_async_save": persist_async[0],
@@ -158,19 +166,20 @@ def main():
     hidden = int(sys.argv[2]) if len(sys.argv) > 2 else 8192
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=600), wait_for_workers=False)
-    workdir = tempfile.mkdtemp(prefix="dcp-bench-", dir=os.environ.get("TRAINSUP_BENCH_DIR"))
+    workdir = tempfile.mkdtemp(prefix="dcp-bench-")
     procs = []
     for r in range(2):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1",
+                   MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True", OMP_NUM_THREADS="1", LOCAL_WORLD_SIZE="2",
                    TRAINSUP_LOG_STDERR="0", PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         procs.append(subprocess.Popen([sys.executable, __file__, "--rank", workdir, str(rounds), str(hidden)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=1800)[0] for p in procs]
     shutil.rmtree(workdir, ignore_errors=True)
-    for p, out in zip(procs, outs):
-        if p.returncode != 0:
-            sys.exit(f"dcp_checkpoint_bench: a rank failed ({p.returncode}):\n{out[-4000:]}")
+    failed = [f"rank {r} exited {p.returncode}:\n{out[-3000:]}" for r, (p, out) in enumerate(zip(procs, outs))
+              if p.returncode != 0]
+    if failed:
+        sys.exit("dcp_checkpoint_bench: " + "\n".join(failed))
     rows = json.loads(next(line for line in outs[0].splitlines() if line.startswith("ROWS "))[5:])
     print(json.dumps(summarize(rows, hidden)))
 

@@ -22,6 +22,7 @@ packages=(
   etcd-server                             # the etcd-v2 rendezvous: a store that outlives any host
   iproute2 iptables                       # network faults between simulated hosts (namespaces, loss)
   libnetfilter-queue-dev                  # ...and delay without netem (NetfilterQueue builds on it)
+  strace                                  # crash points of the DCP checkpoint path (fault injection)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -121,3 +121,81 @@ def test_a_tp_degree_larger_than_the_world_is_refused_before_any_state(tmp_path)
     _run(2, "save", tmp_path, "--tp", 2)
     results = _run(1, "restore", tmp_path, "--tp", 2, expect_rc=3)
     assert "tensor-parallel degree 2 does not fit a world of 1 rank" in results[0]["layout_error"], results
+
+
+MESH = os.path.join(HERE, "..", "..", "examples", "python", "train_mesh.py")
+
+
+def test_the_stop_signal_saves_one_step_on_every_rank_and_the_job_resumes_from_it(tmp_path):
+    """SIGTERM to one rank of a 2-rank FSDP2 x TP job: both ranks save the same step through the
+    DCP path and exit EXIT_STOP_REQUESTED; the next run resumes at the step after it."""
+    import signal
+    import time
+    import trainsup
+    from ranks import Ranks
+    env = {"TRAINSUP_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "TRAINSUP_LOG_DIR": str(tmp_path / "logs"),
+           "TRAINSUP_LOG_STDERR": "0", "TRAINSUP_JOB_ID": "stop"}
+    argv = [sys.executable, MESH, "--tp", "2", "--step-sleep-ms", "20"]
+    with Ranks(2, argv + ["--steps", "100000", "--checkpoint-every", "25"], env=env) as job:
+        deadline = time.monotonic() + 120
+        while not _events(tmp_path, "checkpoint_committed"):
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.1)  # polls the ranks' event logs; bounded by the deadline
+        job.procs[1].send_signal(signal.SIGTERM)
+        outs = job.communicate(timeout=120)
+    assert [rc for rc, _ in outs] == [trainsup.EXIT_STOP_REQUESTED] * 2, [o[-2000:] for _, o in outs]
+    ckpt = trainsup.load_checkpoint(str(tmp_path / "ckpt"))
+    assert ckpt.metadata.get("trainsup.layout") == "dcp" and ckpt.world_size == 2
+    committed = {e["rank"]: e["step"] for e in _events(tmp_path, "checkpoint_committed") if e["step"] == ckpt.step}
+    assert committed == {0: ckpt.step, 1: ckpt.step}, committed
+    with Ranks(2, argv + ["--steps", str(ckpt.step + 4)], env=env) as job:
+        outs = job.communicate(timeout=120)
+    assert all(rc == 0 for rc, _ in outs), [o[-2000:] for _, o in outs]
+    log = (tmp_path / "logs").glob("stop-*-r0.log")
+    assert any(f"resumed at step {ckpt.step + 1}" in p.read_text() for p in log), "rank 0 did not resume after the stop"
+
+
+
+CRASH = os.path.join(HERE, "dcp_crash_worker.py")
+
+
+def _worker(*args, prefix=()):
+    import subprocess
+    from ranks import python_path
+    out = subprocess.run([*prefix, sys.executable, CRASH, *map(str, args)], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=python_path()))
+    return out.returncode, out.stdout.strip().splitlines()[-1:] and json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not __import__("shutil").which("strace"), reason="needs strace (fault injection)")
+@pytest.mark.parametrize("syscall", ["fsync", "rename", "unlink"])
+def test_a_dcp_save_killed_at_each_persist_point_restores_the_old_or_the_new_checkpoint(tmp_path, syscall):
+    """The crash-point test of the DCP path: step 1 committed, then the save of step 2 SIGKILLed
+    before its k-th fsync / rename / unlink (strace's fault injection; every one the process
+    makes: DCP's data and .metadata, trainsup's shard and manifest, retention deleting step 1),
+    for every k until a save runs to its end. Each time the directory restores step 2 if its
+    manifest was renamed into place, else step 1, bitwise; never a damaged checkpoint."""
+    import shutil
+    template = tmp_path / "template"
+    assert _worker("save", template, 1)[0] == 0
+    digests = {s: _worker("digest", s)[1]["digest"] for s in (1, 2)}
+    kills, runs = 0, []
+    syscalls = {"fsync": "fsync,fdatasync", "rename": "rename,renameat,renameat2", "unlink": "unlink,unlinkat,rmdir"}[syscall]
+    for k in range(1, 40):
+        work = tmp_path / f"k{k}"
+        shutil.copytree(template, work)
+        rc, _ = _worker("save", work, 2, prefix=("strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={syscalls}",
+                                                 "-e", f"inject={syscalls}:signal=SIGKILL:when={k}"))
+        runs.append((k, rc, (work / "ckpt" / "step-00000000000000000002" / "MANIFEST.json").exists(), str(work)))
+        if rc == 0:
+            break  # the save ran to its end without reaching the k-th call
+        kills += 1
+    rc, restored = _worker("restore", *[r[3] for r in runs])
+    assert rc == 0, restored
+    outcomes = []
+    for (k, rc, committed, _), got in zip(runs, restored):
+        expected = 2 if committed else 1
+        assert got == {"step": expected, "digest": digests[expected]}, (syscall, k, committed, got)
+        outcomes.append((k, rc, expected))
+    print(f"[measure] dcp save killed before each of {kills} {syscall} calls: restored {outcomes}")
+    assert kills >= 2 and outcomes[-1][1] == 0, outcomes

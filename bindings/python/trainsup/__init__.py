@@ -164,6 +164,7 @@ class Supervisor:
                 # DCP's staging: the only stall; the writer thread then persists through DCP.
                 from .dcp import LAYOUT, to_dcp
                 state_dict, _ = to_dcp(state, self._sup.rank, self._include_rng)
+                assert self._dcp is not None
                 self._dcp.stage(int(step), state_dict)
                 return [], {"trainsup.python": "1", "trainsup.layout": LAYOUT}
             from .checkpoint import collect as _collect

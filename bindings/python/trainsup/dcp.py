@@ -86,24 +86,30 @@ def to_dcp(state: Dict[str, Any], rank: int, include_rng: bool) -> Tuple[Dict[st
     from . import _compat
     modules = {k: _compat.compiled_module_inner(v) or v for k, v in state.items() if isinstance(v, torch.nn.Module)}
     out: Dict[str, Any] = {}
-    setters: List[Callable[[Dict[str, Any]], None]] = []
+    setters: List[Callable[[Dict[str, Any]], Any]] = []
+
+    def setter(key: str, obj: Any) -> Callable[[Dict[str, Any]], Any]:
+        if key in modules:
+            return lambda d: set_model_state_dict(modules[key], d[key])
+        if isinstance(obj, torch.optim.Optimizer):
+            module = _owner(obj, modules, key)
+            return lambda d: set_optimizer_state_dict(module, obj, d[key])
+        if hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
+            return lambda d: obj.load_state_dict(d[key])
+        return lambda d: state.__setitem__(key, d[key])
+
     for key, obj in state.items():
         if key.startswith(RNG_PREFIX):
             raise ValueError(f"trainsup: state key '{key}' is reserved (the ranks' RNG states)")
         if key in modules:
-            module = modules[key]
-            out[key] = get_model_state_dict(module)
-            setters.append(lambda d, k=key, m=module: set_model_state_dict(m, d[k]))
+            out[key] = get_model_state_dict(modules[key])
         elif isinstance(obj, torch.optim.Optimizer):
-            module = _owner(obj, modules, key)
-            out[key] = get_optimizer_state_dict(module, obj)
-            setters.append(lambda d, k=key, m=module, o=obj: set_optimizer_state_dict(m, o, d[k]))
+            out[key] = get_optimizer_state_dict(_owner(obj, modules, key), obj)
         elif hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"):
             out[key] = obj.state_dict()
-            setters.append(lambda d, k=key, o=obj: o.load_state_dict(d[k]))
         else:
             out[key] = obj
-            setters.append(lambda d, k=key: state.__setitem__(k, d[k]))
+        setters.append(setter(key, obj))
     if include_rng:
         from .checkpoint import _rng_state
         out[f"{RNG_PREFIX}{rank}"] = torch.frombuffer(bytearray(pickle.dumps(_rng_state())), dtype=torch.uint8)
@@ -211,7 +217,7 @@ class _Writer(FileSystemWriter):
 
     def __init__(self, path: str) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
-        self.fs = _HashingFileSystem()
+        self.fs: _HashingFileSystem = _HashingFileSystem()
         self.results: List[Any] = []
 
     def write_data(self, plan: Any, planner: Any) -> Any:
