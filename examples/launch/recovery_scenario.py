@@ -29,6 +29,9 @@ training examples/python/train_ddp.py on gloo with checkpoints every 50 steps.
               from its torch.distributed.checkpoint checkpoint, resharded, and finishes.
   mesh_grow   the same job started on host-a alone (mesh 1x2); host-b joins at the next round
               and the job resumes on both (mesh 2x2) from the 1x2 checkpoint and finishes.
+  mesh_desync the same job on hosts a, b (--nnodes=2:2); rank 1 issues two collectives in the
+              wrong order at step 120 of every attempt: a desync, nobody quarantined, and after
+              the same desync twice the job gives up (96) saying where, before the restart cap.
 
 Prints a JSON summary line last. Used by tests/python/test_launcher.py, scripts/demo.sh and
 bench/recovery_bench.py.
@@ -283,9 +286,20 @@ def grow_scenario(workdir, steps):
         c.kill_all()
 
 
-def mesh_cluster(workdir, steps):
-    return Cluster(workdir, "1:2", steps, train=TRAIN_MESH, nproc=2,
-                   extra_train=["--tp", "2", "--out", str(pathlib.Path(workdir) / "final.pt")])
+def mesh_cluster(workdir, steps, nnodes="1:2", extra=()):
+    return Cluster(workdir, nnodes, steps, train=TRAIN_MESH, nproc=2,
+                   extra_train=["--tp", "2", "--out", str(pathlib.Path(workdir) / "final.pt"), *extra])
+
+
+def mesh_desync_scenario(workdir, steps):
+    # Rank 1 issues two collectives in the wrong order at step 120, in every attempt (the
+    # checkpoint of step 100 comes before it).
+    c = mesh_cluster(workdir, steps, "2:2", ["--fault", "wrong_order", "--fault-rank", "1", "--fault-step", "120"])
+    try:
+        c.start_a_then_b(0, 240)
+        return c, c.wait_agents(600)
+    finally:
+        c.kill_all()
 
 
 def mesh_shrink_scenario(workdir, steps):
@@ -333,7 +347,7 @@ def user_error_scenario(workdir, steps, no_progress_guard=False):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("scenario", choices=["clean", "spare", "shrink", "user_error", "host_death", "preempt", "grow",
-                                        "sharded", "mesh_shrink", "mesh_grow"])
+                                        "sharded", "mesh_shrink", "mesh_grow", "mesh_desync"])
     p.add_argument("workdir")
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--no-progress-guard", action="store_true",
@@ -355,6 +369,9 @@ def main():
     elif a.scenario == "grow":
         c, fault_wall, codes = grow_scenario(a.workdir, a.steps)
         summary.update(agent_exit_codes=codes, fault_time=fault_wall)
+    elif a.scenario == "mesh_desync":
+        c, codes = mesh_desync_scenario(a.workdir, a.steps)
+        summary["agent_exit_codes"] = codes
     elif a.scenario in ("mesh_shrink", "mesh_grow"):
         run = mesh_shrink_scenario if a.scenario == "mesh_shrink" else mesh_grow_scenario
         c, wall, codes = run(a.workdir, a.steps)

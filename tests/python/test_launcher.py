@@ -369,3 +369,19 @@ def test_a_sharded_fsdp_tp_job_grows_onto_a_host_that_joins(tmp_path):
     grown = [r for r in s["restores"] if r["world_size"] == 4]
     assert sorted(r["rank"] for r in grown) == [0, 1, 2, 3], _explain(s)
     assert _committed_world(tmp_path / "mesh_grow", grown[0]["step"]) == 2, _explain(s)
+
+
+def test_a_desync_that_repeats_after_a_restart_ends_the_job_saying_where(tmp_path):
+    """Rank 1 issues two collectives in the wrong order at the same step of every attempt: a
+    desync, the program's error. Nobody is quarantined, and after the same desync in two
+    attempts in a row the job gives up (96) naming the group, both ops and the rank, instead of
+    repeating it until the restart cap."""
+    s = _run("mesh_desync", tmp_path / "desync")
+    assert s["agent_exit_codes"] == {"host-a": 96, "host-b": 96} and s["quarantine"] == [], _explain(s)
+    events = _events(tmp_path / "desync" / "run" / "agent-host-a.events.jsonl") + \
+        _events(tmp_path / "desync" / "run" / "agent-host-b.events.jsonl")
+    verdicts = {e["round"] for e in events if e["event"] == "verdict" and e["kind"] == "desync"}
+    assert verdicts == {0, 1}, _explain(s)
+    give_up = [e for e in events if e["event"] == "give_up" and not e["followed"]]
+    assert len(give_up) == 1 and give_up[0]["cause"] == "desync", _explain(s)
+    assert "rank(s) [1] entered broadcast" in give_up[0]["reason"] and "allreduce" in give_up[0]["reason"], give_up

@@ -71,6 +71,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._round_started = time.monotonic()
         self._nodes_waiting = 0   # > 0: torchrun is restarting a healthy round for nodes that joined
         self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
+        self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
         self.watch.start()
         self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner))
@@ -153,6 +154,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             # verdict goes to the store and is acted on now, before the services close.
             self.services.flush()
             self.watch.act_now()
+            self._check_repeated_desync()
         joined = self._membership_change()
         self._follow_give_up()
         if self.round is not None and not joined:
@@ -225,6 +227,26 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         except Exception as e:
             self.events.write("worker_failure_unreadable", error=f"{type(e).__name__}: {e}")
 
+    def _check_repeated_desync(self):
+        """A desync (ranks entering different collectives at the same point) is the program's
+        error: restarted from the same checkpoint it happens again, attempt after attempt, until
+        the restart cap. When the round that ended had the same desync as the one before (group,
+        ops, ranks), give up now, saying where."""
+        try:
+            v = self.services.first_verdict()
+        except Exception:
+            return
+        signature = None
+        if v is not None and v.get("kind") == "desync":
+            signature = (v.get("group", ""), v.get("op", ""), v.get("other_op", ""), tuple(v.get("ranks", [])))
+        previous, self._last_desync = self._last_desync, signature
+        if signature is not None and signature == previous:
+            group, op, other, ranks = signature
+            self._give_up(f"the program issued collectives out of order in two attempts in a row: in group "
+                          f"'{group or '?'}' rank(s) {list(ranks)} entered {other or '?'} where the others entered "
+                          f"{op or '?'}; a restart from the same checkpoint repeats it. Fix the program. "
+                          f"Evidence: {v.get('evidence', '')}", cause="desync")
+
     def _check_restorable(self, group_world):
         """After a failure to restore checkpoints written by another world size: a round of the
         same wrong size would fail the same way, attempt after attempt, until the restart cap
@@ -238,8 +260,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.events.write("checkpoint_world_matches", round=self.round, world_size=world)
             return
         self._give_up(f"the job's checkpoints were written by world size {written} and its workers cannot restore "
-                      f"them with world size {world} (trainsup's checkpoints of non-replicated state do not "
-                      f"reshard); the next attempt would fail the same way. Relaunch with world size {written}, "
+                      f"them with world size {world} (trainsup's own shards of non-replicated state do not "
+                      f"reshard; Python states holding DTensors are written as torch.distributed.checkpoint "
+                      f"checkpoints, which do); the next attempt would fail the same way. Relaunch with world size {written}, "
                       f"or restore elsewhere. The workers said: {line}", cause="checkpoint_incompatible")
 
     # --- leaving ---
