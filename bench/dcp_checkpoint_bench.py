@@ -14,7 +14,8 @@ three ways, in an order rotated per round, and restores it two ways:
                 checkpoint; FileSystemWriter(cache_staged_state_dict=True) pins memory, which
                 needs CUDA): the stall is the call, persist the future's wait
   dcp.save      dcp.save: the call is both the stall and the persist
-  restore       sup.restore(state) (every item verified) vs dcp.load of the same directory
+  restore       sup.restore(state) (newest valid checkpoint found and agreed, every item verified)
+                vs DCP's recipe on the same directory: get_state_dict, dcp.load, set_state_dict
 
 One definition for all: stall = time the training thread is held by the save call; persist
 throughput = the bytes of DCP data written / the time from the end of the stall until the
@@ -44,7 +45,8 @@ def rank_main(workdir, rounds, hidden):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
+                                                           set_model_state_dict, set_optimizer_state_dict)
     sys.path.insert(0, os.path.join(REPO, "examples", "python"))
     import train_mesh
     import trainsup
@@ -120,10 +122,14 @@ def rank_main(workdir, rounds, hidden):
             sup.restore(state)
             row["restore_trainsup_s"] = time.perf_counter() - t0
             newest = trainsup.load_checkpoint(sup._sup.checkpoint_dir).path
-            sd = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, opt), "next_step": 0}
             dist.barrier(group=plain_group)
+            # What DCP's recipe does to load a model and optimizer (its AppState example:
+            # get_state_dict, dcp.load, set_state_dict), timed as a whole as trainsup's is.
             t0 = time.perf_counter()
+            sd = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, opt), "next_step": 0}
             dcp.load(sd, checkpoint_id=newest, process_group=plain_group)
+            set_model_state_dict(model, sd["model"])
+            set_optimizer_state_dict(model, opt, sd["optimizer"])
             row["restore_dcp_s"] = time.perf_counter() - t0
             if r > 0:
                 rows.append(row)

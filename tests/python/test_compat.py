@@ -184,7 +184,8 @@ def test_only_compat_touches_torch_internals():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
                 offenders += [f"{path.name}:{node.lineno} imports {n}" for n in names
-                              if n.startswith(internal_modules)]
+                              if n.startswith(internal_modules)
+                              or (n.startswith("torch.") and any(p.startswith("_") for p in n.split(".")))]
             elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 base = node.value
                 chain = []

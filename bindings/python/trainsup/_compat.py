@@ -39,6 +39,25 @@ def abort_process_groups(dist: Any) -> None:
         group_backend(c10d._get_default_group(), "cuda").abort()
 
 
+def flatten_state_dict(state_dict: Any) -> Any:
+    """A nested state dict as torch.distributed.checkpoint's planners see it: {"a.b.c": value}."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict as flatten
+    return flatten(state_dict)[0]
+
+
+def cpu_state_dict(state_dict: Any, pin_memory: bool) -> Any:
+    """A CPU copy of a state dict's structure (DTensors stay DTensors), to stage into: what DCP's
+    stagers allocate once and reuse."""
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+    return _create_cpu_state_dict(state_dict, pin_memory=pin_memory)
+
+
+def copy_state_dict(state_dict: Any, into: Any, non_blocking: bool) -> Any:
+    """Copies `state_dict`'s tensors into `into` (made by cpu_state_dict); returns the copy."""
+    from torch.distributed._state_dict_utils import _copy_state_dict
+    return _copy_state_dict(state_dict, into, non_blocking=non_blocking)
+
+
 def compiled_module_inner(obj: Any) -> Optional[Any]:
     """The module a torch.compile'd module (an OptimizedModule) wraps, whose state dict has no
     `_orig_mod.` prefixes; None for anything else."""

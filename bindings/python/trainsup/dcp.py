@@ -125,8 +125,8 @@ def to_dcp(state: Dict[str, Any], rank: int, include_rng: bool) -> Tuple[Dict[st
 
 
 def _flat(state_dict: Dict[str, Any]) -> Dict[str, Any]:
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
-    return flatten_state_dict(state_dict)[0]
+    from . import _compat
+    return _compat.flatten_state_dict(state_dict)
 
 
 def check_fit(target: Dict[str, Any], metadata: Any, where: str) -> None:
@@ -373,12 +373,12 @@ class DcpCheckpoints:
     def stage(self, step: int, state_dict: Dict[str, Any]) -> int:
         """Copies `state_dict`'s tensors into a CPU copy kept across saves (DCP's staging with
         a reused stager); returns the bytes staged."""
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+        from . import _compat
         signature = [(k, tuple(v.shape), v.dtype) for k, v in _flat(state_dict).items() if isinstance(v, torch.Tensor)]
         if self._cache is None or signature != self._signature:
-            self._cache = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            self._cache = _compat.cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
             self._signature = signature
-        staged = _copy_state_dict(state_dict, self._cache, non_blocking=torch.cuda.is_available())
+        staged = _compat.copy_state_dict(state_dict, self._cache, non_blocking=torch.cuda.is_available())
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._pending = (step, staged)
