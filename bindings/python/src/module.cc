@@ -322,11 +322,11 @@ std::optional<int64_t> restore(Supervisor& sup, const py::function& load) {
   return *r;
 }
 
-// Checkpointer::PersistHook over a Python callable persist(step_dir, step) -> [(name, bytes)],
-// run on the writer thread with the GIL. Its exceptions fail that checkpoint: trainsup's own
-// IoError/Corruption keep their code; anything else is an I/O error of the data writer.
-Checkpointer::PersistHook persistHook(py::object fn) {
-  std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object* f) {
+// A Python object kept by callbacks that trainsup's own threads run and drop: whichever drops
+// the last reference takes the GIL to release it (leaked if the interpreter is going away).
+template <class T>
+std::shared_ptr<T> heldFromThreads(T obj) {
+  return std::shared_ptr<T>(new T(std::move(obj)), [](T* f) {
     if (interpreterFinalizing()) {
       f->release();  // leaked: see interpreterFinalizing()
       delete f;
@@ -335,6 +335,13 @@ Checkpointer::PersistHook persistHook(py::object fn) {
     py::gil_scoped_acquire gil;
     delete f;
   });
+}
+
+// Checkpointer::PersistHook over a Python callable persist(step_dir, step) -> [(name, bytes)],
+// run on the writer thread with the GIL. Its exceptions fail that checkpoint: trainsup's own
+// IoError/Corruption keep their code; anything else is an I/O error of the data writer.
+Checkpointer::PersistHook persistHook(py::object fn) {
+  auto held = heldFromThreads(std::move(fn));
   return [held](const std::string& dir, int64_t step) -> Result<std::vector<std::pair<std::string, std::string>>> {
     if (interpreterFinalizing()) return Status::unavailable("the Python interpreter is shutting down");
     py::gil_scoped_acquire gil;
@@ -598,15 +605,7 @@ void bindRank(py::module_& m) {
         // Called on the watchdog or telemetry thread, where waiting for the GIL could last
         // forever (a stuck thread may hold it): a helper thread takes the GIL and runs the
         // callback; we wait for it at most 1 s and move on.
-        std::shared_ptr<py::function> held(new py::function(std::move(fn)), [](py::function* f) {
-          if (interpreterFinalizing()) {
-            f->release();  // leaked: see interpreterFinalizing()
-            delete f;
-            return;
-          }
-          py::gil_scoped_acquire gil;
-          delete f;
-        });
+        auto held = heldFromThreads(std::move(fn));
         s.addAbortCallback(name, [held](const StallReport& r) {
           auto done = std::make_shared<std::promise<std::string>>();
           auto result = done->get_future();
