@@ -382,6 +382,7 @@ def test_a_desync_that_repeats_after_a_restart_ends_the_job_saying_where(tmp_pat
         _events(tmp_path / "desync" / "run" / "agent-host-b.events.jsonl")
     verdicts = {e["round"] for e in events if e["event"] == "verdict" and e["kind"] == "desync"}
     assert verdicts == {0, 1}, _explain(s)
-    give_up = [e for e in events if e["event"] == "give_up" and not e["followed"]]
-    assert len(give_up) == 1 and give_up[0]["cause"] == "desync", _explain(s)
-    assert "rank(s) [1] entered broadcast" in give_up[0]["reason"] and "allreduce" in give_up[0]["reason"], give_up
+    # Every agent saw both desyncs: each decides on its own (or follows the first to publish).
+    give_up = [e for e in events if e["event"] == "give_up"]
+    assert {e["cause"] for e in give_up} == {"desync"} and len(give_up) == 2, _explain(s)
+    assert all("rank(s) [1] entered broadcast" in e["reason"] and "allreduce" in e["reason"] for e in give_up), give_up

@@ -232,6 +232,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         error: restarted from the same checkpoint it happens again, attempt after attempt, until
         the restart cap. When the round that ended had the same desync as the one before (group,
         ops, ranks), give up now, saying where."""
+        if self.services is None:
+            return
         try:
             v = self.services.first_verdict()
         except Exception:
