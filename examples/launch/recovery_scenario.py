@@ -154,8 +154,7 @@ class Cluster:
         return max(elected, key=lambda e: e["time"])["host"]
 
     def worker_pid(self, host):
-        starts = [e for e in self.rank_events(host) if e["event"] == "supervisor_start"]
-        return starts[-1]["pid"]
+        return self.worker_pids(host)[-1]
 
     def worker_pids(self, host):
         """The pids of host's workers of the current round (the newest start of each)."""

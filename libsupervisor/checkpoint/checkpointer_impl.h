@@ -174,7 +174,10 @@ struct Checkpointer::Impl {
                      Nanos deadline);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
   void applyRetention(int64_t committed_step);
-  Status agreeAllOpened(const std::string& key, const Status& mine);
+  // Restore's agreements across ranks (restore.cc).
+  Result<std::vector<int64_t>> sumOverRanks(const std::string& k, const Status& mine,
+                                            const std::vector<std::pair<std::string, int64_t>>& counts);
+  std::string whyOf(const std::string& k, const std::string& otherwise);
 };
 
 

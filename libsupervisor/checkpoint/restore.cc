@@ -6,22 +6,42 @@ namespace trainsup {
 
 using namespace checkpoint_internal;
 
-// Whether every rank opened its shard of a candidate: OK, or Corruption carrying a failed rank's
-// reason; Unavailable if the channel failed.
-Status Checkpointer::Impl::agreeAllOpened(const std::string& k, const Status& mine) {
-  if (!mine.isOk()) channel->set(k + "/open_why", "rank " + std::to_string(identity.rank) + ": " + mine.message());
-  auto oks = channel->add(k + "/open_ok", mine.isOk() ? 1 : 0);
-  auto n = channel->add(k + "/open_n", 1);
-  if (!oks || !n) return Status::unavailable("restore agreement: " + (!oks ? oks.status() : n.status()).message());
-  if (*n == identity.world_size) channel->set(k + "/open_done", "1");
-  auto done = channel->get(k + "/open_done", commitTimeout());
-  if (!done) return Status::unavailable("restore agreement: " + done.status().message());
-  auto total = channel->add(k + "/open_ok", 0);
-  if (!total) return Status::unavailable("restore agreement: " + total.status().message());
-  if (*total == identity.world_size) return Status::ok();
-  auto why = channel->get(k + "/open_why", std::chrono::seconds(5));
-  return Status::corruption(why ? *why : "another rank could not open its shard");
+// Every rank adds its `counts` under `k` (saying why under k/why when `mine` failed), the last
+// to add publishes k/done, and each rank then reads the totals, in the order given. An error is
+// the channel's.
+Result<std::vector<int64_t>> Checkpointer::Impl::sumOverRanks(
+    const std::string& k, const Status& mine, const std::vector<std::pair<std::string, int64_t>>& counts) {
+  if (!mine.isOk()) channel->set(k + "/why", "rank " + std::to_string(identity.rank) + ": " + mine.message());
+  for (const auto& [name, value] : counts) {
+    if (auto added = channel->add(k + "/" + name, value); !added) return added.status();
+  }
+  auto n = channel->add(k + "/n", 1);
+  if (!n) return n.status();
+  if (*n == identity.world_size) channel->set(k + "/done", "1");
+  auto done = channel->get(k + "/done", commitTimeout());
+  if (!done) return Status(done.status().code(), "restore agreement: " + done.status().message());
+  std::vector<int64_t> totals;
+  for (const auto& [name, value] : counts) {
+    auto total = channel->add(k + "/" + name, 0);
+    if (!total) return total.status();
+    totals.push_back(*total);
+  }
+  return totals;
 }
+
+// What a failed rank said under k/why (sumOverRanks), or `otherwise`.
+std::string Checkpointer::Impl::whyOf(const std::string& k, const std::string& otherwise) {
+  auto why = channel->get(k + "/why", std::chrono::seconds(5));
+  return why ? *why : otherwise;
+}
+
+namespace {
+// A layout that any world size reads (torch.distributed.checkpoint's planner reshards it).
+bool reshards(const Manifest& m) {
+  auto it = m.metadata.find(kLayoutKey);
+  return it != m.metadata.end() && it->second == "dcp";
+}
+}  // namespace
 
 // Every rank checks its own shard of each candidate (newest first) while loading it, then the
 // ranks agree through the channel: a candidate is restored only if it loaded on every rank.
@@ -81,8 +101,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     } else if (manifest->step != step) {
       st = Status::corruption("the manifest is of step " + std::to_string(manifest->step) + ", its directory of step " +
                               std::to_string(step));
-    } else if (manifest->world_size != m.identity.world_size && !m.options.replicated &&
-               !(manifest->metadata.count(kLayoutKey) && manifest->metadata.at(kLayoutKey) == "dcp")) {
+    } else if (manifest->world_size != m.identity.world_size && !m.options.replicated && !reshards(*manifest)) {
       ++world_mismatches;
       mismatch_world = manifest->world_size;
       st = Status::invalidArgument("world-size mismatch: written by world size " + std::to_string(manifest->world_size) +
@@ -98,10 +117,13 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
       // A dcp load is itself collective (torch.distributed.checkpoint plans and reads across
       // ranks): either every rank enters it or none does, or the ranks that did would wait for
       // the one whose shard failed until the collective's timeout.
-      if (manifest->metadata.count(kLayoutKey) && m.identity.world_size > 1) {
-        Status agreed = m.agreeAllOpened(attempt + "/" + std::to_string(step), st);
-        if (!agreed.isOk() && st.isOk()) st = agreed;
-        if (agreed.code() == StatusCode::kUnavailable) return agreed;  // the channel itself failed
+      if (reshards(*manifest) && m.identity.world_size > 1) {
+        const std::string k = attempt + "/" + std::to_string(step) + "/open";
+        auto all = m.sumOverRanks(k, st, {{"ok", st.isOk() ? 1 : 0}});
+        if (!all) return all.status();
+        if (st.isOk() && (*all)[0] != m.identity.world_size) {
+          st = Status::corruption(m.whyOf(k, "another rank could not open its shard"));
+        }
       }
       if (st.isOk()) {
         ++loads_attempted;
@@ -115,26 +137,13 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
     std::string agreed_failure;
     if (m.identity.world_size > 1) {
       const std::string k = attempt + "/" + std::to_string(step);
-      if (!st.isOk()) m.channel->set(k + "/why", "rank " + std::to_string(m.identity.rank) + ": " + st.message());
-      auto oks = m.channel->add(k + "/ok", st.isOk() ? 1 : 0);
-      auto aborts = m.channel->add(k + "/abort", fatal ? 1 : 0);
-      auto n = m.channel->add(k + "/n", 1);
-      if (!aborts) return aborts.status();
-      if (!oks || !n) return !oks ? oks.status() : n.status();
-      if (*n == m.identity.world_size) m.channel->set(k + "/done", "1");
-      auto done = m.channel->get(k + "/done", m.commitTimeout());
-      if (!done) return Status(done.status().code(), "restore agreement: " + done.status().message());
-      auto total_ok = m.channel->add(k + "/ok", 0);
-      if (!total_ok) return total_ok.status();
-      auto total_abort = m.channel->add(k + "/abort", 0);
-      if (total_abort && *total_abort > 0 && !fatal) {
-        auto why = m.channel->get(k + "/why", std::chrono::seconds(5));
-        return Status::invalidArgument("restore of " + dir + " stopped: " + (why ? *why : "another rank's state does not match"));
+      auto totals = m.sumOverRanks(k, st, {{"ok", st.isOk() ? 1 : 0}, {"abort", fatal ? 1 : 0}});
+      if (!totals) return totals.status();
+      if ((*totals)[1] > 0 && !fatal) {
+        return Status::invalidArgument("restore of " + dir + " stopped: " +
+                                       m.whyOf(k, "another rank's state does not match"));
       }
-      if (st.isOk() && *total_ok != m.identity.world_size) {
-        auto why = m.channel->get(k + "/why", std::chrono::seconds(5));
-        agreed_failure = why ? *why : "another rank could not load it";
-      }
+      if (st.isOk() && (*totals)[0] != m.identity.world_size) agreed_failure = m.whyOf(k, "another rank could not load it");
     }
     if (st.isOk() && agreed_failure.empty()) {
       const double took = toSeconds(m.clock->monotonicNow() - start);

@@ -277,6 +277,27 @@ TEST(CheckpointRestoreTest, DamagedCheckpointsAreSkippedWithTheRightReason) {
   }, "0 shards for world size 0");
 }
 
+// Restores `dir` as the two ranks of a job (rank 1 on a thread, so that the agreement
+// completes): rank 0's result and state, rank 1's result.
+struct TwoRankRestore {
+  Result<std::optional<int64_t>> rank0 = Status::internal("unset"), rank1 = Status::internal("unset");
+  State state0{0};
+};
+TwoRankRestore restoreOnTwoRanks(const std::string& dir, Events& ev) {
+  auto channel = std::make_shared<LocalCommitChannel>();
+  auto other = std::async(std::launch::async, [&] {
+    Events e2;
+    auto c = make(opts(dir), FileSystem::posix(), e2, Clock::real(), rankIdentity(1, 2), channel);
+    State x(0);
+    return c->restore(x.load());
+  });
+  TwoRankRestore out;
+  auto c = make(opts(dir), FileSystem::posix(), ev, Clock::real(), rankIdentity(0, 2), channel);
+  out.rank0 = c->restore(out.state0.load());
+  out.rank1 = other.get();
+  return out;
+}
+
 TEST(CheckpointRestoreTest, WorldSizeMismatchIsSkippedAndAClearErrorWhenNothingElseFits) {
   std::string dir = freshDir("world");
   Events ev;
@@ -284,21 +305,12 @@ TEST(CheckpointRestoreTest, WorldSizeMismatchIsSkippedAndAClearErrorWhenNothingE
   State s(1);
   saveAndCommit(*one, s, 5);
   one.reset();
-  auto channel = std::make_shared<LocalCommitChannel>();
-  // Restore as rank 0 of 2 (the other rank is a thread, so the agreement completes).
-  auto other = std::async(std::launch::async, [&] {
-    Events e2;
-    auto c = make(opts(dir), FileSystem::posix(), e2, Clock::real(), rankIdentity(1, 2), channel);
-    State x(0);
-    return c->restore(x.load()).status();
-  });
-  auto c = make(opts(dir), FileSystem::posix(), ev, Clock::real(), rankIdentity(0, 2), channel);
-  State x(0);
-  auto r = c->restore(x.load());
+  auto two = restoreOnTwoRanks(dir, ev);
+  auto& r = two.rank0;
   ASSERT_FALSE(r.isOk());
   EXPECT_NE(r.status().message().find("world size 1, this job has 2"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("resharding is not supported"), std::string::npos);
-  EXPECT_FALSE(other.get().isOk());
+  EXPECT_FALSE(two.rank1.isOk());
   auto reasons = ev.reasons("checkpoint_skipped");
   ASSERT_FALSE(reasons.empty());
   EXPECT_NE(reasons.back().find("world-size mismatch"), std::string::npos);
@@ -348,22 +360,12 @@ TEST(CheckpointPersistHookTest, CompanionFilesMustBePresentAndTheLayoutReshards)
       << two.status().message();
   c.reset();
   // Two ranks restore what one wrote (the layout reshards): both get step 1, the newest valid.
-  auto channel = std::make_shared<LocalCommitChannel>();
-  auto other = std::async(std::launch::async, [&] {
-    Events e2;
-    auto r1 = make(opts(dir), FileSystem::posix(), e2, Clock::real(), rankIdentity(1, 2), channel);
-    State x(0);
-    return r1->restore(x.load());
-  });
-  auto r0 = make(opts(dir), FileSystem::posix(), ev, Clock::real(), rankIdentity(0, 2), channel);
-  State x(0);
-  auto got = r0->restore(x.load());
-  ASSERT_TRUE(got.isOk()) << got.status().toString();
-  EXPECT_EQ(*got, std::optional<int64_t>(1));
-  auto got1 = other.get();
-  ASSERT_TRUE(got1.isOk()) << got1.status().toString();
-  EXPECT_EQ(*got1, std::optional<int64_t>(1));
-  EXPECT_EQ(x.weights, s.weights);
+  auto restored = restoreOnTwoRanks(dir, ev);
+  ASSERT_TRUE(restored.rank0.isOk()) << restored.rank0.status().toString();
+  EXPECT_EQ(*restored.rank0, std::optional<int64_t>(1));
+  ASSERT_TRUE(restored.rank1.isOk()) << restored.rank1.status().toString();
+  EXPECT_EQ(*restored.rank1, std::optional<int64_t>(1));
+  EXPECT_EQ(restored.state0.weights, s.weights);
 }
 
 TEST(CheckpointPersistHookTest, AHookErrorFailsThatSaveOnly) {

@@ -471,12 +471,9 @@ void bindCheckpoint(py::module_& m) {
       .def("update", [](Xxh3& h, py::buffer b) {
         py::buffer_info info = b.request();
         const size_t n = static_cast<size_t>(info.size * info.itemsize);
-        if (n >= (size_t{1} << 16)) {
-          py::gil_scoped_release release;
-          XXH3_64bits_update(h.state.get(), info.ptr, n);
-        } else {
-          XXH3_64bits_update(h.state.get(), info.ptr, n);
-        }
+        std::optional<py::gil_scoped_release> release;
+        if (n >= (size_t{1} << 16)) release.emplace();
+        XXH3_64bits_update(h.state.get(), info.ptr, n);
       }, py::arg("data"))
       .def("hexdigest", [](Xxh3& h) {
         char hex[17];

@@ -165,9 +165,10 @@ class _HashingStream(io.RawIOBase):
         self.segments: Dict[Tuple[int, int], str] = {}
 
     def write(self, b: Any) -> int:
-        n = self.raw.write(b)
-        n = len(memoryview(b).cast("B")) if n is None else n
-        self.hash.update(memoryview(b).cast("B")[:n])
+        data = memoryview(b).cast("B")
+        n = self.raw.write(data)
+        n = len(data) if n is None else n
+        self.hash.update(data[:n])
         self.pos += n
         return n
 
@@ -244,6 +245,12 @@ class _Writer(FileSystemWriter):
         return out
 
 
+def _xxh3(data: Any) -> str:
+    h = _trainsup.Xxh3()
+    h.update(data)
+    return h.hexdigest()
+
+
 def _hash_range(path: str, offset: int, length: int) -> str:
     h = _trainsup.Xxh3()
     with open(path, "rb") as f:
@@ -302,9 +309,7 @@ class _VerifiedReader(FileSystemReader):
             raise CorruptionError(f"{path}: shard 0 does not list it")
         with open(path, "rb") as f:
             data = f.read()
-        h = _trainsup.Xxh3()
-        h.update(data)
-        if len(data) != meta["size"] or h.hexdigest() != meta["xxh3"]:
+        if len(data) != meta["size"] or _xxh3(data) != meta["xxh3"]:
             raise CorruptionError(f"{path}: checksum mismatch ({len(data)} bytes, shard 0 says {meta['size']})")
         metadata = pickle.loads(data)
         from torch.distributed.checkpoint.metadata import StorageMeta
@@ -328,9 +333,7 @@ class _VerifiedReader(FileSystemReader):
         if len(data) != sinfo.length:
             raise CorruptionError(f"{where} ('{what}'): {sinfo.length} bytes expected, the file ends after "
                                   f"{len(data)} (truncated?)")
-        h = _trainsup.Xxh3()
-        h.update(data)
-        if h.hexdigest() != expected[1]:
+        if _xxh3(data) != expected[1]:
             raise CorruptionError(f"{where} ('{what}'): checksum mismatch")
         return io.BytesIO(data)
 
@@ -370,9 +373,9 @@ class DcpCheckpoints:
         self._pending: Optional[Tuple[int, Dict[str, Any]]] = None
 
     # Training thread, at a step boundary: the stall.
-    def stage(self, step: int, state_dict: Dict[str, Any]) -> int:
+    def stage(self, step: int, state_dict: Dict[str, Any]) -> None:
         """Copies `state_dict`'s tensors into a CPU copy kept across saves (DCP's staging with
-        a reused stager); returns the bytes staged."""
+        a reused stager), for the next persist."""
         from . import _compat
         signature = [(k, tuple(v.shape), v.dtype) for k, v in _flat(state_dict).items() if isinstance(v, torch.Tensor)]
         if self._cache is None or signature != self._signature:
@@ -382,7 +385,6 @@ class DcpCheckpoints:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self._pending = (step, staged)
-        return sum(v.numel() * v.element_size() for v in _flat(staged).values() if isinstance(v, torch.Tensor))
 
     # Writer thread: the persist hook (checkpointer.h). Every rank, every persist.
     def persist(self, step_dir: str, step: int) -> List[Tuple[str, bytes]]:
@@ -396,11 +398,8 @@ class DcpCheckpoints:
         companions = writer.companions()
         if self.rank == 0:
             path = os.path.join(step_dir, METADATA_FILE)
-            with open(path, "rb") as f:
-                data = f.read()
-            h = _trainsup.Xxh3()
-            h.update(data)
-            companions.append({"file": METADATA_FILE, "size": len(data), "xxh3": h.hexdigest()})
+            size = os.path.getsize(path)
+            companions.append({"file": METADATA_FILE, "size": size, "xxh3": _hash_range(path, 0, size)})
         return [(COMPANIONS, json.dumps(companions, separators=(",", ":")).encode())]
 
     # Training thread, at restore: a trainsup checkpoint of the dcp layout, or an adopted one.
