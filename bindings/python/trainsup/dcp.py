@@ -6,7 +6,7 @@ trainsup's shard per rank and ``MANIFEST.json``:
 
   - DCP's planner and DTensor metadata decide what each rank writes and reads, so state saved
     on N ranks over one mesh loads on M ranks over another (FSDP2, TP, FSDP2 x TP);
-  - each rank's data file is checksummed item by item (XXH3-64) as DCP writes it; the checksums
+  - each rank's data file is checksummed item by item (XXH3-64) while it is fsynced; the checksums
     and the file's size go into that rank's trainsup shard (entry ``trainsup.companions``), rank
     0's also holds ``.metadata``'s; a restore verifies every item it reads and ``.metadata``;
   - the C++ checkpointer does the rest as for its own shards: decisions agreed by every rank,
@@ -21,9 +21,11 @@ Everything here runs in the rank (torch is imported).
 """
 import io
 import json
+import mmap
 import os
 import pickle
 import re
+import threading
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -154,28 +156,29 @@ def check_fit(target: Dict[str, Any], metadata: Any, where: str) -> None:
 # --- writing: DCP's FileSystemWriter, its data checksummed as it is written ---------------------
 
 class _HashingStream(io.RawIOBase):
-    """A data file DCP writes, hashed in segments: DCP reads tell() before and after each item
-    it writes, so each segment between two tell() calls is one item."""
+    """A data file DCP writes. DCP reads tell() before and after each item it writes, so each
+    segment between two tell() calls is one item. close() makes the file durable and hashes
+    each segment at the same time: fsync on a thread of its own (it waits for the disk) while
+    this thread hashes the segments from the page cache (mmap, no copy); both release the GIL.
+    The hash thus leaves the critical path, which the fsync sets."""
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: Any, path: str) -> None:
         super().__init__()
-        self.raw = raw
+        self.raw, self.path = raw, path
         self.pos = self.start = raw.tell()
-        self.hash = _trainsup.Xxh3()
+        self.bounds: List[Tuple[int, int]] = []
         self.segments: Dict[Tuple[int, int], str] = {}
 
     def write(self, b: Any) -> int:
         data = memoryview(b).cast("B")
         n = self.raw.write(data)
         n = len(data) if n is None else n
-        self.hash.update(data[:n])
         self.pos += n
         return n
 
     def tell(self) -> int:
         if self.pos > self.start:
-            self.segments[(self.start, self.pos - self.start)] = self.hash.hexdigest()
-        self.hash.reset()
+            self.bounds.append((self.start, self.pos - self.start))
         self.start = self.pos
         return self.pos
 
@@ -190,10 +193,43 @@ class _HashingStream(io.RawIOBase):
             self.raw.flush()
 
     def close(self) -> None:
-        if not self.closed:
+        if self.closed:
+            return
+        try:
             self.tell()
+            self.raw.flush()
+            failed: List[BaseException] = []
+
+            def sync() -> None:
+                try:
+                    os.fsync(self.raw.fileno())
+                except BaseException as e:  # noqa: B036 -- re-raised below, on DCP's thread
+                    failed.append(e)
+
+            syncer = threading.Thread(target=sync, name="trainsup-dcp-fsync")
+            syncer.start()
+            try:
+                self._hash_segments()
+            finally:
+                syncer.join()
+            if failed:
+                raise failed[0]
+        finally:
             self.raw.close()
-        super().close()
+            super().close()
+
+    def _hash_segments(self) -> None:
+        if self.pos == 0:
+            return
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            view = memoryview(m)
+            try:
+                for offset, length in self.bounds:
+                    if offset + length > len(view):
+                        raise CorruptionError(f"{self.path}: {len(view)} bytes on disk, {offset + length} written")
+                    self.segments[(offset, length)] = _xxh3(view[offset:offset + length])
+            finally:
+                view.release()
 
 
 class _HashingFileSystem(FileSystem):
@@ -207,17 +243,20 @@ class _HashingFileSystem(FileSystem):
             if "w" not in mode or not str(path).endswith(".distcp"):
                 yield raw
                 return
-            stream = _HashingStream(raw)
+            stream = _HashingStream(raw, str(path))
             self.files[str(path)] = stream
             yield stream
             stream.close()
 
 
 class _Writer(FileSystemWriter):
-    """DCP's FileSystemWriter (one file per rank, fsynced), hashing what it writes."""
+    """DCP's FileSystemWriter (one file per rank), hashing what it writes. Its own fsyncs are off:
+    each data file is fsynced by its stream's close() (at the same time as its hashing), and
+    persist() fsyncs ``.metadata``; the checkpointer then fsyncs the step directory (their
+    names) before the rank reports its shard, so the commit still follows durable files."""
 
     def __init__(self, path: str) -> None:
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=1, overwrite=True)
+        super().__init__(path, single_file_per_rank=True, sync_files=False, thread_count=1, overwrite=True)
         self.fs: _HashingFileSystem = _HashingFileSystem()
         self.results: List[Any] = []
 
@@ -398,8 +437,10 @@ class DcpCheckpoints:
         companions = writer.companions()
         if self.rank == 0:
             path = os.path.join(step_dir, METADATA_FILE)
-            size = os.path.getsize(path)
-            companions.append({"file": METADATA_FILE, "size": size, "xxh3": _hash_range(path, 0, size)})
+            with open(path, "rb") as f:
+                data = f.read()
+                os.fsync(f.fileno())
+            companions.append({"file": METADATA_FILE, "size": len(data), "xxh3": _xxh3(data)})
         return [(COMPANIONS, json.dumps(companions, separators=(",", ":")).encode())]
 
     # Training thread, at restore: a trainsup checkpoint of the dcp layout, or an adopted one.
