@@ -161,8 +161,10 @@ def summarize(rows, hidden):
             "persist_throughput_ratio_vs_async_save_range": persist_async[1],
             "persist_throughput_ratio_vs_save": persist_sync[0], "persist_throughput_ratio_vs_save_range": persist_sync[1],
             "restore_time_ratio_vs_dcp_load": restore[0], "restore_time_ratio_vs_dcp_load_range": restore[1],
-            "median_s": {how: {"stall": med(how, "stall_s"), "persist": med(how, "persist_s")}
-                         for how in ("trainsup", "dcp.async", "dcp.save")}}
+            "median_s": {**{how: {"stall": med(how, "stall_s"), "persist": med(how, "persist_s")}
+                            for how in ("trainsup", "dcp.async", "dcp.save")},
+                         "restore": {how: round(statistics.median(r[f"restore_{how}_s"] for r in rows), 4)
+                                     for how in ("trainsup", "dcp")}}}
 
 
 def main():
