@@ -10,10 +10,12 @@ alternating over --reps rounds (the median is reported), into a fresh folder und
                       the tutorials write it, so not durable when the call returns)
   torch.save+fsync    the same, then fsync and an atomic rename (what durability costs)
   dcp.save            torch.distributed.checkpoint.save (its FileSystemWriter fsyncs)
-  dcp.async_save      async_save, default: staging copy in the call, write in a thread
-  dcp.async_save+process  async_checkpointer_type=PROCESS (write in a background process)
-  dcp.async_save+stager   DefaultStager with asynchronous staging (StagingOptions; pinned and
-                      shared memory off: this is the CPU)
+  dcp.async_save      async_save with a DefaultStager kept across saves (DCP's docs): staging
+                      copy in the call, write in a thread
+  dcp.async_save+process  async_checkpointer_type=PROCESS (write in a background process), its
+                      stager kept across saves with shared memory on
+  dcp.async_save+stager   a kept DefaultStager with asynchronous staging (StagingOptions; pinned
+                      memory off: this is the CPU)
   trainsup            Supervisor.checkpoint, blocking snapshot (copy in the call, write and
                       commit in the background)
   trainsup+overlapped checkpoint_snapshot="overlapped" (the copy runs beside the next
@@ -132,6 +134,24 @@ def _dcp_restore(model, opt, folder):
     return time.perf_counter() - t0
 
 
+_STAGERS = {}
+
+
+def _stager(mode):
+    """One DefaultStager per mode, kept across saves and closed after the last (async_save's
+    docs: "If you provide an async_stager, call close() after the last checkpoint is saved";
+    a stager it makes itself is built and closed on every save, losing its cached CPU copies).
+    Pinned memory and non-blocking copies need CUDA: off. thread: staging in the call (async_save's
+    own default options); stager: asynchronous staging; process: shared memory on, as the
+    process-based writer takes the staged state across processes (StagingOptions' docs)."""
+    if mode not in _STAGERS:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        _STAGERS[mode] = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=mode == "process",
+                                                      use_async_staging=mode == "stager",
+                                                      use_non_blocking_copy=False))
+    return _STAGERS[mode]
+
+
 def dcp_save(model, opt, folder, mode, compute_ms):
     import torch.distributed.checkpoint as dcp
     stall_extra = 0.0
@@ -142,15 +162,9 @@ def dcp_save(model, opt, folder, mode, compute_ms):
         stall = persist = time.perf_counter() - t0
     else:
         from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
-        kwargs = {}
-        stager = None
+        kwargs = {"async_stager": _stager(mode)}
         if mode == "process":
             kwargs["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
-        if mode == "stager":
-            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
-            stager = DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
-                                                  use_async_staging=True, use_non_blocking_copy=False))
-            kwargs["async_stager"] = stager
         result = dcp.async_save(state, checkpoint_id=str(folder), **kwargs)
         stall = time.perf_counter() - t0
         upload = result
@@ -162,8 +176,6 @@ def dcp_save(model, opt, folder, mode, compute_ms):
             upload = result.upload_completion
         upload.result()
         persist = time.perf_counter() - t0
-        if stager is not None:
-            stager.close()
     reference = {k: v.clone() for k, v in model.state_dict().items()}
     perturb(model)
     restore = _dcp_restore(model, opt, folder)
@@ -285,7 +297,10 @@ def main():
         else:
             print(f"{n:26} cannot run here: {errors.get(n, 'no result')}")
     summary = {"state_mib": round(nbytes / 2**20), "reps": a.reps, "compute_ms": a.compute_ms,
-               "median": {n: {k: round(v, 4) for k, v in m.items()} for n, m in med.items()}, "errors": errors}
+               "median": {n: {k: round(v, 4) for k, v in m.items()} for n, m in med.items()},
+               "range": {n: {k: [round(min(r[k] for r in runs[n]), 4), round(max(r[k] for r in runs[n]), 4)]
+                             for k in ("stall_s", "persist_s", "restore_s")} for n in med},
+               "errors": errors}
     alts = {n: m for n, m in med.items() if n not in OURS}
     ours = {n: m for n, m in med.items() if n in OURS}
     if alts and ours:
@@ -295,6 +310,8 @@ def main():
             best_ours = min(ours, key=lambda n: ours[n][k])
             summary[f"{k[:-2]}_ratio"] = round(ours[best_ours][k] / max(alts[best_alt][k], 1e-9), 3)
             summary[f"{k[:-2]}_best_alternative"] = best_alt
+    for stager in _STAGERS.values():
+        stager.close()
     if a.dir is None:
         shutil.rmtree(root, ignore_errors=True)
     dist.destroy_process_group()

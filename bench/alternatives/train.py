@@ -4,11 +4,14 @@ DDP on gloo, a small MLP on synthetic batches that are a function of (rank, step
 simulated compute per step, a checkpoint every --checkpoint-every steps, resumed on restart.
 
   --system plain     torch.distributed as a user writes it: init_process_group(timeout=...),
-                     rank 0 torch.saves {model, optimizer, step} and renames it into place
+                     rank 0 torch.saves {model, optimizer, step} and renames it into place;
+                     with --file-timer-s, torchelastic's expiration timer around each step
   --system nvrx      the same, plus NVIDIA Resiliency Extension's rank monitor client (one
                      heartbeat per step), under ft_launcher
   --system trainsup  trainsup.init_process_group + Supervisor (step sections, checkpoint and
                      restore), under trainsup-run
+  --system nvrx-inprocess  the plain job inside NVRx's in-process restart Wrapper
+                     (nvrx_inprocess_job.py), started by the harness without a launcher
   --system torchft   torchft's Manager, DDP and optimizer wrapper (one replica group per host;
                      a replica that comes back heals from a peer instead of a checkpoint)
 
@@ -18,6 +21,7 @@ host): {"event": "start", pid, rank, world, attempt, resumed_from} when it start
 harness reads of the job itself; the systems' own verdicts come from their own logs.
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -87,12 +91,21 @@ def run_plain(a, log, nvrx=False):
     start = plain_restore(path, model, opt)
     log.write(event="start", pid=os.getpid(), rank=rank, world=world, attempt=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
               resumed_from=start, t=time.time())
+    watchdog = contextlib.nullcontext
+    if a.file_timer_s:
+        # torch.distributed.elastic.timer's docs: the agent (TORCHELASTIC_ENABLE_FILE_TIMER=1)
+        # serves TORCHELASTIC_TIMER_FILE; a worker configures a FileTimerClient on it and holds
+        # expires(after=...) around what must not hang. An expired timer gets the worker killed.
+        from torch.distributed.elastic import timer
+        timer.configure(timer.FileTimerClient(file_path=os.environ["TORCHELASTIC_TIMER_FILE"]))
+        watchdog = lambda: timer.expires(after=a.file_timer_s)  # noqa: E731
     for step in range(start, a.steps):
-        compute(a.step_ms)
-        x, y = batch(rank, step)
-        opt.zero_grad()
-        nn.functional.mse_loss(ddp(x), y).backward()
-        opt.step()
+        with watchdog():
+            compute(a.step_ms)
+            x, y = batch(rank, step)
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
         if monitor is not None:
             monitor.send_heartbeat()
         log.write(event="step", step=step, t=time.time(), world=world)
@@ -137,12 +150,14 @@ def run_trainsup(a, log):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--system", required=True, choices=["plain", "nvrx", "trainsup", "torchft"])
+    p.add_argument("--system", required=True, choices=["plain", "nvrx", "nvrx-inprocess", "trainsup", "torchft"])
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--step-ms", type=float, default=20)
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--checkpoint-dir", default="checkpoints")
     p.add_argument("--timeout-s", type=float, default=0, help="init_process_group timeout (0: torch's default)")
+    p.add_argument("--threshold-s", type=float, default=5, help="nvrx-inprocess: its soft and heartbeat timeouts")
+    p.add_argument("--file-timer-s", type=float, default=0, help="torchelastic expiration timer per step (0: none)")
     a = p.parse_args()
     torch.set_num_threads(1)
     os.makedirs(a.checkpoint_dir, exist_ok=True)
@@ -151,6 +166,9 @@ def main():
         run_plain(a, log, nvrx=a.system == "nvrx")
     elif a.system == "trainsup":
         run_trainsup(a, log)
+    elif a.system == "nvrx-inprocess":
+        from nvrx_inprocess_job import run_inprocess
+        run_inprocess(a, log)
     else:
         from torchft_job import run_torchft
         run_torchft(a, log)
