@@ -17,13 +17,12 @@ import time
 from typing import Optional
 
 import torch
-import torch.nn as nn
 
 
 def run_inprocess(a, log):
     from nvidia_resiliency_ext import inprocess
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from train import batch, compute, make_model, plain_checkpoint, plain_restore
+    from train import make_model, plain_checkpoint, plain_restore, train_step
 
     threshold = datetime.timedelta(seconds=a.threshold_s)
     base_port = int(os.environ["MASTER_PORT"])
@@ -45,11 +44,7 @@ def run_inprocess(a, log):
         log.write(event="start", pid=os.getpid(), rank=rank, world=world, attempt=call_wrapper.iteration,
                   resumed_from=start, t=time.time())
         for step in range(start, a.steps):
-            compute(a.step_ms)
-            x, y = batch(rank, step)
-            opt.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
+            train_step(ddp, opt, rank, step, a.step_ms)
             log.write(event="step", step=step, t=time.time(), world=world)
             if (step + 1) % a.checkpoint_every == 0:
                 dist.barrier()

@@ -58,6 +58,15 @@ def compute(ms):
     time.sleep(ms / 1000)  # the simulated forward/backward of a real model
 
 
+def train_step(ddp, opt, rank, step, step_ms):
+    """One step of the job: the simulated compute, then a real forward/backward and update."""
+    compute(step_ms)
+    x, y = batch(rank, step)
+    opt.zero_grad()
+    nn.functional.mse_loss(ddp(x), y).backward()
+    opt.step()
+
+
 def plain_checkpoint(path, model, opt, step):
     tmp = path + ".tmp"
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "next_step": step + 1}, tmp)
@@ -101,11 +110,7 @@ def run_plain(a, log, nvrx=False):
         watchdog = lambda: timer.expires(after=a.file_timer_s)  # noqa: E731
     for step in range(start, a.steps):
         with watchdog():
-            compute(a.step_ms)
-            x, y = batch(rank, step)
-            opt.zero_grad()
-            nn.functional.mse_loss(ddp(x), y).backward()
-            opt.step()
+            train_step(ddp, opt, rank, step, a.step_ms)
         if monitor is not None:
             monitor.send_heartbeat()
         log.write(event="step", step=step, t=time.time(), world=world)

@@ -222,14 +222,10 @@ class _HashingStream(io.RawIOBase):
         if self.pos == 0:
             return
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-            view = memoryview(m)
-            try:
-                for offset, length in self.bounds:
-                    if offset + length > len(view):
-                        raise CorruptionError(f"{self.path}: {len(view)} bytes on disk, {offset + length} written")
-                    self.segments[(offset, length)] = _xxh3(view[offset:offset + length])
-            finally:
-                view.release()
+            for offset, length in self.bounds:
+                if offset + length > len(m):
+                    raise CorruptionError(f"{self.path}: {len(m)} bytes on disk, {offset + length} written")
+                self.segments[(offset, length)] = _xxh3_mapped(m, offset, length)
 
 
 class _HashingFileSystem(FileSystem):
@@ -288,6 +284,16 @@ def _xxh3(data: Any) -> str:
     h = _trainsup.Xxh3()
     h.update(data)
     return h.hexdigest()
+
+
+def _xxh3_mapped(m: mmap.mmap, offset: int, length: int) -> str:
+    """XXH3-64 of bytes [offset, offset + length) of a mapped file, hashed in place (the
+    caller checks the bounds)."""
+    view = memoryview(m)[offset:offset + length]
+    try:
+        return _xxh3(view)
+    finally:
+        view.release()
 
 
 def _hash_range(path: str, offset: int, length: int) -> str:
@@ -395,12 +401,7 @@ class _VerifiedReader(FileSystemReader):
             raise CorruptionError(f"{where} ('{what}'): {sinfo.length} bytes expected, the file ends after "
                                   f"{max(0, size - sinfo.offset)} (truncated?)")
         assert m is not None
-        view = memoryview(m)[sinfo.offset:sinfo.offset + sinfo.length]
-        try:
-            digest = _xxh3(view)
-        finally:
-            view.release()
-        if digest != expected[1]:
+        if _xxh3_mapped(m, sinfo.offset, sinfo.length) != expected[1]:
             raise CorruptionError(f"{where} ('{what}'): checksum mismatch")
         return super()._slice_file(file, sinfo)
 
