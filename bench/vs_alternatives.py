@@ -50,7 +50,7 @@ fault the ratios trainsup / best alternative (for next_step_s both against every
 and against those that recovered to the same world size).
 
   vs_alternatives.py [--systems torchrun,...] [--faults stop_rank,...] [--runs 3] [--seed 1]
-                     [--cap-s 120] [--workdir DIR]
+                     [--cap-s 120] [--workdir DIR] [--rows-from EARLIER_OUTPUT]
 """
 import argparse
 import json
@@ -74,6 +74,7 @@ TRAIN = HERE / "alternatives" / "train.py"
 HOSTS = ("host-a", "host-b")
 VICTIM, SURVIVOR = "host-b", "host-a"
 THRESHOLD_S = 5  # the one threshold every system gets where a threshold is chosen
+FAULTS = ("stop_rank", "kill_rank", "slow_rank", "stop_host")
 
 
 def read_jsonl(path):
@@ -360,7 +361,13 @@ class NvrxInprocess(System):
 
     def env(self, host):
         rank = HOSTS.index(host)
-        return dict(super().env(host), RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(len(HOSTS)), LOCAL_WORLD_SIZE="1",
+        # No LOCAL_RANK: the ranks are started as a scheduler does, not by torchrun (its usage
+        # guide: the Wrapper is "not fully compatible with torch.distributed.run"), and on this
+        # CPU host a LOCAL_RANK would not name a GPU. With it set, the Wrapper chains its GPU,
+        # NVLink and NIC health checks (wrap.py, _construct_restart_health_check), which need
+        # NVML and end the job at its first restart on a host without a GPU
+        # (HealthCheckError ... NVMLError_LibraryNotFound).
+        return dict(super().env(host), RANK=str(rank), WORLD_SIZE=str(len(HOSTS)),
                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
 
     fatal = r"exit_ex:|HealthCheckError\(|health_ex:"
@@ -641,10 +648,21 @@ def fmt_stat(s, cap):
     return f"{s['median']:g} [{lo:g}–{hi:g}]" if hi is not None else f"{s['median']:g} [{lo:g}–>{cap:g}]"
 
 
+def earlier_rows(path):
+    """The rows of an earlier run: its last line (the summary object), or its per-case lines."""
+    lines = [ln for ln in pathlib.Path(path).read_text().splitlines() if ln.startswith("{")]
+    if not lines:
+        raise SystemExit(f"--rows-from {path}: no JSON lines in it")
+    last = json.loads(lines[-1])
+    if last.get("bench") == "vs_alternatives":
+        return last["rows"]
+    return [json.loads(ln) for ln in lines]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--systems", default=",".join(SYSTEMS))
-    ap.add_argument("--faults", default="stop_rank,kill_rank,slow_rank,stop_host")
+    ap.add_argument("--faults", default=",".join(FAULTS))
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cap-s", type=float, default=120)
@@ -652,6 +670,9 @@ def main():
     ap.add_argument("--step-ms", type=float, default=20)
     ap.add_argument("--fault-step", type=int, default=230)
     ap.add_argument("--workdir", default=None, help="keep every case's logs here (default: a temporary folder)")
+    ap.add_argument("--rows-from", default=None,
+                    help="an earlier run's output: its rows of the cells (system x fault) not run now join this "
+                         "run's in the summary and the ratios (to rerun one system after a change)")
     a = ap.parse_args()
     root = pathlib.Path(a.workdir or tempfile.mkdtemp(prefix="trainsup-vs-"))
     systems = a.systems.split(",")
@@ -670,6 +691,12 @@ def main():
                     row = Case(cls, fault, run, root, a).run()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    if a.rows_from:
+        earlier = earlier_rows(a.rows_from)
+        ran = {(r["system"], r["fault"]) for r in rows}
+        rows += [r for r in earlier if (r["system"], r["fault"]) not in ran]
+        systems = [s for s in SYSTEMS if any(r["system"] == s for r in rows)]
+        faults = [f for f in FAULTS if any(r["fault"] == f for r in rows)]
     cells = {f"{fault}/{name}": summarize_cell([r for r in rows if r["system"] == name and r["fault"] == fault], a.cap_s)
              for fault in faults for name in systems}
     print("\nfault | system | detect s, median [range] | first naming: victim/healthy/none | victim named s | "
