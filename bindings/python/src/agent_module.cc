@@ -6,6 +6,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <memory>
 #include <utility>
@@ -52,14 +55,25 @@ class PyCoordinator {
     d.network_grace_s = network_grace_s;
     if (Status s = parseOpBudgets(collective_budgets, d); !s.isOk()) raiseStatus(s);
     auto c = Coordinator::start(ranks, *token, o, d, [this](const Verdict& v) {
-      std::lock_guard<std::mutex> lock(mu_);
-      verdicts_.push_back(v);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        verdicts_.push_back(v);
+      }
+      verdict_cv_.notify_all();
     });
     if (!c) raiseStatus(c.status());
     coordinator_ = std::move(*c);
   }
   int port() const { return coordinator_->port(); }
   void setSlowHosts(std::vector<std::string> hosts) { coordinator_->setSlowHosts(std::move(hosts)); }
+  // Blocks (the GIL released by the binding) until a verdict is waiting to be taken or
+  // timeout_s passes; true when one is. The agent's services wait here between their ticks, so a
+  // verdict is published as soon as the coordinator reaches it, not at the next tick.
+  bool waitVerdicts(double timeout_s) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return verdict_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
+                                [this] { return !verdicts_.empty(); });
+  }
   py::list takeVerdicts() {
     std::vector<Verdict> got;
     {
@@ -113,6 +127,7 @@ class PyCoordinator {
   std::unique_ptr<Coordinator> coordinator_;
   std::mutex mu_;
   std::vector<Verdict> verdicts_;  // guarded by mu_
+  std::condition_variable verdict_cv_;  // signalled when verdicts_ gains one
 };
 
 class PyNodeMonitor {
@@ -191,6 +206,7 @@ void bindAgent(py::module_& m) {
            py::arg("collective_budgets") = "", py::arg("network_grace_s") = DetectorOptions{}.network_grace_s)
       .def_property_readonly("port", &PyCoordinator::port)
       .def("take_verdicts", &PyCoordinator::takeVerdicts)
+      .def("wait_verdicts", &PyCoordinator::waitVerdicts, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("set_slow_hosts", &PyCoordinator::setSlowHosts, py::arg("hosts"))
       .def("known_ranks", &PyCoordinator::knownRanks)
       .def("counters", &PyCoordinator::counters)

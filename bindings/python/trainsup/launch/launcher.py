@@ -21,6 +21,7 @@ verdict_watch.VerdictWatch (verdicts and host loss), liveness.HostLiveness (keep
 expedite.expedite_round (ending the last call early), _compat (torchrun's internals).
 """
 import json
+import math
 import os
 import re
 import time
@@ -70,6 +71,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.world = 0  # group world of self.round
         self._round_started = time.monotonic()
         self._nodes_waiting = 0   # > 0: torchrun is restarting a healthy round for nodes that joined
+        self._nodes_waiting_asked = -math.inf  # monotonic time of the last num_nodes_waiting() read
+        self._nodes_waiting_answer = 0  # and what it answered
         self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
         self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
@@ -123,14 +126,24 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.events.write("agent_signalled", signal=int(sig))
         self._leave_rendezvous()
 
+    # torchrun asks after every look at its workers (--monitor-interval, 0.1 s); each answer is
+    # a read of the rendezvous state in the store. Asked at most this often, a spare or a
+    # returning node is still seen within a second, and the store serves one read per agent per
+    # second instead of ten.
+    NODES_WAITING_EVERY_S = 1.0
+
     def num_nodes_waiting(self):
+        now = time.monotonic()
+        if now - self._nodes_waiting_asked < self.NODES_WAITING_EVERY_S:
+            return self._nodes_waiting_answer
+        self._nodes_waiting_asked, self._nodes_waiting_answer = now, 0
         n = self.inner.num_nodes_waiting()
         st = compat.state(self.inner)
         if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
             return 0  # spares: no room for them, so no reason to restart for them
         # torchrun asks only while its workers are healthy, and restarts the round at once when
         # nodes wait: that restart is a change of membership, not a failure.
-        self._nodes_waiting = n
+        self._nodes_waiting = self._nodes_waiting_answer = n
         return n
 
     def _membership_change(self):
@@ -139,6 +152,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         asked for by num_nodes_waiting(), and no fatal verdict in the round. A grown job must not
         give up on its next real failure for having grown (issue 19)."""
         waiting, self._nodes_waiting = self._nodes_waiting, 0
+        # The next round asks afresh (a cached answer would end it at once for the same nodes).
+        self._nodes_waiting_asked, self._nodes_waiting_answer = -math.inf, 0
         if not waiting or self.round is None:
             return 0
         try:
@@ -201,7 +216,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                             collective_budgets=s.get("collective_budgets", ""),
                             network_grace_s=s.get("network_grace_s"),
                             on_event=lambda name, **f: self.events.write(name, round=self.round, **f),
-                            on_verdict=self.watch.report, vet=self.watch.vet, slow_hosts=self.watch.slow_hosts)
+                            on_verdict=self.watch.report, vet=self.watch.vet, slow_hosts=self.watch.slow_hosts,
+                            on_published=self.watch.poke)
 
     def _classify_failures(self):
         """Classifies the previous attempt's worker output on this host (torchrun's log files).

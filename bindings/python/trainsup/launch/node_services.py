@@ -67,7 +67,8 @@ class NodeServices:
                  on_verdict: Optional[Callable[[Dict[str, Any]], None]] = None,
                  on_event: Optional[Callable[..., None]] = None,
                  vet: Optional[Callable[[Dict[str, Any]], bool]] = None,
-                 slow_hosts: Optional[Callable[[], List[str]]] = None) -> None:
+                 slow_hosts: Optional[Callable[[], List[str]]] = None,
+                 on_published: Optional[Callable[[], None]] = None) -> None:
         self.store = store
         self.job_id = job_id
         self.node_name = node_name
@@ -88,6 +89,9 @@ class NodeServices:
         self._slow_told: Tuple[Any, List[str]] = (None, [])  # (coordinator, hosts) last told
         self._slow_read_at = 0.0
         self.on_event = on_event or (lambda name, **fields: None)
+        # Called once our coordinator's fatal verdict is in the store: the agent acts on it now
+        # rather than at its watch thread's next look.
+        self.on_published = on_published or (lambda: None)
         os.makedirs(socket_dir, mode=0o700, exist_ok=True)
         tag = hashlib.sha1(job_id.encode()).hexdigest()[:8]
         self.socket_path = os.path.join(socket_dir, f"{tag}-{node_name}.sock")
@@ -204,6 +208,7 @@ class NodeServices:
             if self._publish_failures:
                 self.on_event("verdict_published", kind=self._unpublished["kind"], attempts=self._publish_failures + 1)
             self._unpublished, self._publish_failures, self._published_verdict = None, 0, True
+            self.on_published()
         if self.store is not None:
             table = [list(r) for r in c.known_ranks() if r[2]]
             text = json.dumps(table)
@@ -223,9 +228,24 @@ class NodeServices:
             except Exception as e:  # said by _publish when the store refused; the tick retries
                 self._last_error = e
 
+    def _pause(self, seconds: float) -> None:
+        """Waits for the next tick: `seconds`, or less when our coordinator reaches a verdict
+        meanwhile (it is published at once, not up to a tick later)."""
+        c = self.coordinator
+        if c is not None and self.in_office:
+            try:
+                c.wait_verdicts(seconds)
+                return
+            except RuntimeError:  # stopped under us (a takeover): wait the plain way
+                pass
+        self._stop.wait(seconds)
+
     def _run(self) -> None:
         failing = False
-        while not self._stop.wait(0.2):
+        while not self._stop.is_set():
+            self._pause(0.2)
+            if self._stop.is_set():
+                break
             try:
                 with self._tick_lock:
                     self._tick()

@@ -47,6 +47,7 @@ class VerdictWatch:
         self._lost_lock = threading.Lock()
         self._round_hosts = None  # (round, its hosts), for slow_hosts
         self._stop = threading.Event()
+        self._wake = threading.Event()  # poke(): a verdict is in the store, look now
         self._act_lock = threading.Lock()  # one pass at a time: the thread's, or act_now()
         self._thread = None
 
@@ -57,8 +58,14 @@ class VerdictWatch:
     def stop(self):
         """Ends the watch thread and waits (bounded) for it (liveness.join_threads says why)."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             join_threads([self._thread], 2.0)
+
+    def poke(self):
+        """Our coordinator's verdict has just been published: the watch thread looks now instead
+        of at its next 0.2 s pass (the other agents' threads find it at theirs)."""
+        self._wake.set()
 
     # --- the coordinator's verdicts ---
     def vet(self, v):
@@ -170,7 +177,11 @@ class VerdictWatch:
     def _loop(self):
         """Acts on the round's first verdict. Nothing that goes wrong in one pass may end the
         thread: an agent that stopped watching would never leave when its own host is named."""
-        while not self._stop.wait(0.2):
+        while True:
+            self._wake.wait(0.2)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 with self._act_lock:
                     self._once()
