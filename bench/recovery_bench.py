@@ -6,10 +6,20 @@ argument host_death: the etcd-v2 rendezvous, and the host running the coordinato
 outright (agent and worker), the job resumes on the other host and the spare.
 
   detect_s     fault -> the first fatal verdict (agent event "verdict")
-  recovery_s   fault -> the first step of the resumed attempt (rank event "first_step")
+  recovery_s   fault -> the first step of the resumed attempt (rank event "first_step": its step
+               scope entered)
   lost_work_s  replayed work: fault time minus the time the restored checkpoint's step was
                snapshotted
-  restart_s    recovery_s - detect_s (abort, quarantine, rendezvous, worker start, restore)
+  restart_s    recovery_s - detect_s, split into its phases (issue 22), each ending when the
+               last participant of the resumed round got there:
+                 stop_s        verdict -> the agents rejoin the rendezvous (abort order, workers
+                               ended, quarantine, torchrun's restart decision)
+                 rendezvous_s  -> the next round formed (agent event "rendezvous")
+                 start_s       -> every worker's Supervisor started (process spawn, import torch
+                               and trainsup, init_process_group, the training script's setup)
+                 restore_s     -> every worker restored its checkpoint
+                 first_step_s  -> the resumed attempt's first step scope entered (rank event
+                               "first_step", which recovery_s also ends at)
 
 Final line: {"bench": "recovery", "scenario": ..., "recovery_s": ..., "lost_work_s": ..., ...}
 
@@ -48,8 +58,22 @@ def one(workdir, scenario):
                     and e["wall_s"] < fault)
     figures = {"detect_s": verdict - fault, "recovery_s": first_step - fault, "lost_work_s": fault - committed,
                "restart_s": first_step - verdict, "exit_codes": summary["agent_exit_codes"]}
+    # The restart's phases: each boundary is the last participant's event (all are needed to go on).
+    formed = [e for e in agent if e["event"] == "rendezvous" and e["time"] > verdict]
+    next_round = min(e["round"] for e in formed)
+    hosts = {e["host"] for e in formed if e["round"] == next_round}
+    round_formed = max(e["time"] for e in formed if e["round"] == next_round)
+    # A spare has been waiting in the rendezvous since before the fault: its join counts as done.
+    rejoined = max(verdict, max(max(e["time"] for e in agent if e["event"] == "rendezvous_join"
+                                    and e["time"] < round_formed and e["host"] == h) for h in hosts))
+    started = max(e["wall_s"] for e in ranks if e["event"] == "supervisor_start" and e["wall_s"] > fault)
+    restored = max(e["wall_s"] for e in ranks if e["event"] == "checkpoint_restored" and e["wall_s"] > fault)
+    marks = [("stop_s", verdict, rejoined), ("rendezvous_s", rejoined, round_formed), ("start_s", round_formed, started),
+             ("restore_s", started, restored), ("first_step_s", restored, first_step)]
+    figures.update({name: b - a for name, a, b in marks})
     print(f"  round: detect {figures['detect_s']:.2f} s, recovery {figures['recovery_s']:.2f} s, "
           f"lost work {figures['lost_work_s']:.2f} s (restored step {restored_step}), exit codes {summary['agent_exit_codes']}")
+    print("    restart: " + ", ".join(f"{name[:-2]} {figures[name]:.2f} s" for name, _, _ in marks))
     return figures
 
 
@@ -66,6 +90,8 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             got.append(one(pathlib.Path(d), scenario))
     med = {k: round(statistics.median(g[k] for g in got), 3) for k in ("detect_s", "recovery_s", "lost_work_s", "restart_s")}
+    med["restart_phases"] = {k: round(statistics.median(g[k] for g in got), 3)
+                             for k in ("stop_s", "rendezvous_s", "start_s", "restore_s", "first_step_s")}
     print(json.dumps({"bench": "recovery", "scenario": scenario, **med, "rounds": rounds, "checkpoint_every_steps": 50,
                       "step_s": 0.02}))
 
