@@ -650,13 +650,10 @@ def fmt_stat(s, cap):
 
 def earlier_rows(path):
     """The rows of an earlier run: its last line (the summary object), or its per-case lines."""
-    lines = [ln for ln in pathlib.Path(path).read_text().splitlines() if ln.startswith("{")]
+    lines = read_jsonl(path)
     if not lines:
-        raise SystemExit(f"--rows-from {path}: no JSON lines in it")
-    last = json.loads(lines[-1])
-    if last.get("bench") == "vs_alternatives":
-        return last["rows"]
-    return [json.loads(ln) for ln in lines]
+        raise SystemExit(f"--rows-from {path}: no JSON lines there (missing or empty)")
+    return lines[-1]["rows"] if lines[-1].get("bench") == "vs_alternatives" else lines
 
 
 def main():

@@ -72,7 +72,6 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._round_started = time.monotonic()
         self._nodes_waiting = 0   # > 0: torchrun is restarting a healthy round for nodes that joined
         self._nodes_waiting_asked = -math.inf  # monotonic time of the last num_nodes_waiting() read
-        self._nodes_waiting_answer = 0  # and what it answered
         self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
         self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
@@ -135,15 +134,15 @@ class TrainsupRendezvousHandler(RendezvousHandler):
     def num_nodes_waiting(self):
         now = time.monotonic()
         if now - self._nodes_waiting_asked < self.NODES_WAITING_EVERY_S:
-            return self._nodes_waiting_answer
-        self._nodes_waiting_asked, self._nodes_waiting_answer = now, 0
+            return self._nodes_waiting  # the last answer: torchrun restarts at once on one above 0
+        self._nodes_waiting_asked = now
         n = self.inner.num_nodes_waiting()
         st = compat.state(self.inner)
         if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
-            return 0  # spares: no room for them, so no reason to restart for them
+            n = 0  # spares: no room for them, so no reason to restart for them
         # torchrun asks only while its workers are healthy, and restarts the round at once when
         # nodes wait: that restart is a change of membership, not a failure.
-        self._nodes_waiting = self._nodes_waiting_answer = n
+        self._nodes_waiting = n
         return n
 
     def _membership_change(self):
@@ -153,7 +152,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         give up on its next real failure for having grown (issue 19)."""
         waiting, self._nodes_waiting = self._nodes_waiting, 0
         # The next round asks afresh (a cached answer would end it at once for the same nodes).
-        self._nodes_waiting_asked, self._nodes_waiting_answer = -math.inf, 0
+        self._nodes_waiting_asked = -math.inf
         if not waiting or self.round is None:
             return 0
         try:

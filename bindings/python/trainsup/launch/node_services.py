@@ -233,12 +233,9 @@ class NodeServices:
         meanwhile (it is published at once, not up to a tick later)."""
         c = self.coordinator
         if c is not None and self.in_office:
-            try:
-                c.wait_verdicts(seconds)
-                return
-            except RuntimeError:  # stopped under us (a takeover): wait the plain way
-                pass
-        self._stop.wait(seconds)
+            c.wait_verdicts(seconds)
+        else:
+            self._stop.wait(seconds)
 
     def _run(self) -> None:
         failing = False
