@@ -321,6 +321,17 @@ Result<Config> Config::fromEnvironment(const Environment& env) {
   r.number("TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S", ck.commit_timeout_s);
   r.number("TRAINSUP_MTBF_S", ck.mtbf_s, /*allow_zero=*/true);
   r.integer("TRAINSUP_CHECKPOINT_SYNC_STEPS", ck.sync_steps, 1);
+  SnapshotOptions& sn = c.snapshot;
+  r.apply("TRAINSUP_SNAPSHOT_EVERY_STEPS", [&](const std::string& v) {
+    auto n = parseInteger("TRAINSUP_SNAPSHOT_EVERY_STEPS", v, 0, INT64_MAX);
+    if (n) sn.every_steps = *n;
+    return n.status();
+  });
+  r.number("TRAINSUP_SNAPSHOT_INTERVAL_S", sn.interval_s, /*allow_zero=*/true);
+  r.text("TRAINSUP_SNAPSHOT_DIR", sn.dir);
+  r.text("TRAINSUP_SNAPSHOT_AGENT", sn.agent);
+  r.text("TRAINSUP_SNAPSHOT_TOKEN", sn.token);
+  r.integer("TRAINSUP_SNAPSHOT_REPLICAS", sn.replicas, 0, 1);
   r.text("TRAINSUP_COORDINATOR", c.coordinator);
   r.text("TRAINSUP_JOB_TOKEN", c.job_token);
   if (!r.status().isOk()) return r.status();
@@ -401,6 +412,14 @@ Status Config::validate() const {
   if (!(checkpoint.interval_s >= 0) || checkpoint.every_steps < 0 || !(checkpoint.mtbf_s >= 0) ||
       !(checkpoint.commit_timeout_s > 0) || checkpoint.sync_steps < 1) {
     return bad("checkpoint settings: interval_s, every_steps and mtbf_s must be >= 0, commit_timeout_s > 0, sync_steps >= 1");
+  }
+  if (!(snapshot.interval_s >= 0) || snapshot.every_steps < 0) {
+    return bad("snapshot settings: TRAINSUP_SNAPSHOT_EVERY_STEPS and TRAINSUP_SNAPSHOT_INTERVAL_S must be >= 0");
+  }
+  if (snapshot.enabled() && snapshot.replicas > 0 && snapshot.agent.empty() && identity.world_size > 1) {
+    return bad("snapshots of a job of several ranks need this host's agent (TRAINSUP_SNAPSHOT_AGENT, set by "
+               "trainsup-run) to copy them to a peer host; set TRAINSUP_SNAPSHOT_REPLICAS=0 to keep them on "
+               "this host only");
   }
   for (const auto& [name, seconds] : section_budgets_s) {
     if (name.empty() || !(seconds > 0) || !std::isfinite(seconds)) {

@@ -385,11 +385,18 @@ nlohmann::json manifestBody(const Manifest& m) {
 
 }  // namespace
 
-Status writeManifest(FileSystem& fs, const std::string& dir, const Manifest& manifest) {
+std::string manifestText(const Manifest& manifest) {
   nlohmann::json j = manifestBody(manifest);
   // The checksum covers the canonical (sorted-key) text of everything else.
   j["checksum"] = hex64(XXH3_64bits(j.dump().data(), j.dump().size()));
-  std::string text = j.dump(2) + "\n";
+  return j.dump(2) + "\n";
+}
+
+Status writeManifest(FileSystem& fs, const std::string& dir, const Manifest& manifest) {
+  return writeManifestText(fs, dir, manifestText(manifest));
+}
+
+Status writeManifestText(FileSystem& fs, const std::string& dir, const std::string& text) {
   const std::string tmp = joinPath(dir, std::string(".") + kManifestName + ".tmp");
   auto opened = fs.newWritableFile(tmp);
   if (!opened) return opened.status();

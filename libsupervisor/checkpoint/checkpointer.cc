@@ -21,7 +21,8 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const CheckpointOptio
     channel = std::make_shared<LocalCommitChannel>();
   }
   if (Status s = fs.createDirs(options.dir); !s.isOk()) {
-    return Status::ioError("checkpoint directory (TRAINSUP_CHECKPOINT_DIR): " + s.message());
+    return Status::ioError(options.memory_tier ? "snapshot directory (TRAINSUP_SNAPSHOT_DIR): " + s.message()
+                                               : "checkpoint directory (TRAINSUP_CHECKPOINT_DIR): " + s.message());
   }
   auto impl = std::make_unique<Impl>();
   impl->options = options;
@@ -30,7 +31,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::create(const CheckpointOptio
   impl->clock = &clock;
   impl->channel = std::move(channel);
   impl->hooks = std::move(hooks);
-  impl->key_base = "trainsup/ckpt/" + identity.job_id + "/" + std::to_string(identity.restart_count);
+  impl->key_base = "trainsup/ckpt/" + identity.job_id + "/" + std::to_string(identity.restart_count) +
+                   (options.memory_tier ? "/mem" : "");
+  impl->agent_link = AgentLink(options.agent, options.agent_token);
   impl->sync_steps = options.sync_steps;
   impl->last_save_time = clock.monotonicNow();
   impl->last_decision_time = impl->last_save_time;

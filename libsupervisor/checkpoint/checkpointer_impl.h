@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/agent_link.h"
 #include "device/gpu.h"
 #include "trainsup/checkpointer.h"
 #include "trainsup/mutex.h"
@@ -82,6 +83,7 @@ struct Checkpointer::Impl {
   Hooks hooks;
   std::string key_base;  // trainsup/ckpt/<job>/<restart>
   PersistHook persist_hook;  // set before the first save; called on the writer thread
+  checkpoint_internal::AgentLink agent_link{"", ""};  // the memory tier's agent (options.agent)
 
   // Training thread only.
   int64_t decision_seq = 0;
@@ -174,6 +176,14 @@ struct Checkpointer::Impl {
                      Nanos deadline);
   Status commitAsRankZero(const Job& job, const ShardInfo& mine, const std::string& prefix, Nanos deadline);
   void applyRetention(int64_t committed_step);
+  // The memory tier (memory_tier.cc): this host's copy of rank 0's manifest after a commit, the
+  // host's retention, and the restore that looks in this host's memory, then a peer's.
+  void adoptManifest(const Job& j, const std::string& prefix);
+  void applyMemoryRetention(int64_t committed_step);
+  Result<std::optional<int64_t>> restoreMemory(const Load& load, int64_t at_least);
+  std::string shardFile(int64_t step, int rank, int world) const {
+    return checkpointDirName(step) + "/" + shardFileName(rank, world);
+  }
   // Restore's agreements across ranks (restore.cc).
   Result<std::vector<int64_t>> sumOverRanks(const std::string& k, const Status& mine,
                                             const std::vector<std::pair<std::string, int64_t>>& counts);

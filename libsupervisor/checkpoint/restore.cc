@@ -45,9 +45,10 @@ bool reshards(const Manifest& m) {
 
 // Every rank checks its own shard of each candidate (newest first) while loading it, then the
 // ranks agree through the channel: a candidate is restored only if it loaded on every rank.
-Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
+Result<std::optional<int64_t>> Checkpointer::restore(const Load& load, int64_t at_least) {
   Impl& m = *impl_;
   m.awaitSnapshot();
+  if (m.options.memory_tier) return m.restoreMemory(load, at_least);
   const Nanos start = m.clock->monotonicNow();
   const std::string attempt = m.key_base + "/restore/" + std::to_string(++m.restore_attempts);
   std::vector<int64_t> steps;
@@ -58,7 +59,7 @@ Result<std::optional<int64_t>> Checkpointer::restore(const Load& load) {
       for (const auto& n : *names) {
         std::string why;
         if (auto s = parseCheckpointDirName(n, &why)) {
-          steps.push_back(*s);
+          if (*s >= at_least) steps.push_back(*s);
         } else if (!why.empty()) {
           const std::string dir = joinPath(m.options.dir, n);
           m.event("checkpoint_skipped", {{"step", int64_t{-1}}, {"dir", dir}, {"file", dir}, {"reason", why}});

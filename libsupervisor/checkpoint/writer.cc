@@ -3,6 +3,10 @@
 #include "checkpoint/checkpointer_impl.h"
 #include "trainsup/version.h"
 
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
 namespace trainsup {
 
 using namespace checkpoint_internal;
@@ -87,9 +91,20 @@ void Checkpointer::Impl::persist(Job& j) {
     }
   }
   if (s.isOk()) s = writeShard(*fs, dir, identity.rank, identity.world_size, j.step, buffers, &mine);
+  // The memory tier: the shard counts only once a peer host's agent holds a verified copy.
+  std::string replica;
+  if (s.isOk() && options.memory_tier && options.replicas > 0) {
+    auto peer = agent_link.replicate(shardFile(j.step, identity.rank, identity.world_size), remaining(deadline));
+    if (peer) {
+      replica = *peer;
+    } else {
+      s = Status(peer.status().code(), "copying this rank's snapshot to a peer host: " + peer.status().message());
+    }
+  }
   // Report to rank 0 either way, so it does not wait for a shard that will never come.
   std::string report = s.isOk() ? "ok " + std::to_string(mine.file_size) + " " + std::to_string(mine.index_xxh3)
                                 : "fail " + s.message();
+  if (s.isOk() && options.memory_tier) report += " " + identity.host + " " + (replica.empty() ? "-" : replica);
   Status ps = channel->set(prefix + "/shard/" + std::to_string(identity.rank), report);
   Status result = s;
   if (result.isOk() && !ps.isOk()) result = ps;
@@ -98,6 +113,7 @@ void Checkpointer::Impl::persist(Job& j) {
     if (result.isOk()) result = c;
   } else if (result.isOk()) {
     result = awaitCommit(j, mine, dir, prefix, deadline);
+    if (result.isOk() && options.memory_tier && identity.local_rank == 0) adoptManifest(j, prefix);
   }
   const double persist_s = toSeconds(clock->monotonicNow() - start);
   if (result.isOk()) {
@@ -111,14 +127,18 @@ void Checkpointer::Impl::persist(Job& j) {
       yd = stats.young_daly_s;
       last_persist = Status::ok();
     }
-    event("checkpoint_committed", {{"step", j.step},
+    event(options.memory_tier ? "snapshot_committed" : "checkpoint_committed", {{"step", j.step},
                                    {"dir", dir},
                                    {"bytes", j.bytes},
                                    {"stall_s", j.stall_s},
                                    {"persist_s", persist_s},
                                    {"young_daly_interval_s", yd}});
     // Housekeeping after the commit is recorded: deleting old shards is not part of persisting.
-    if (identity.rank == 0) applyRetention(j.step);
+    if (options.memory_tier) {
+      if (identity.local_rank == 0) applyMemoryRetention(j.step);  // one rank per host, on its host
+    } else if (identity.rank == 0) {
+      applyRetention(j.step);
+    }
     log(LogLevel::kInfo, "checkpoint step " + std::to_string(j.step) + " committed in " + dir + " (" +
                              std::to_string(j.bytes >> 20) + " MiB, stall " + std::to_string(j.stall_s) +
                              " s, persist " + std::to_string(persist_s) + " s" +
@@ -130,9 +150,11 @@ void Checkpointer::Impl::persist(Job& j) {
       if (bg_error.isOk()) bg_error = result;
       last_persist = result;
     }
-    event("checkpoint_failed", {{"step", j.step}, {"dir", dir}, {"reason", result.message()}});
-    log(LogLevel::kError, "checkpoint step " + std::to_string(j.step) + " FAILED (training continues; older "
-                          "checkpoints are intact): " + result.message());
+    event(options.memory_tier ? "snapshot_failed" : "checkpoint_failed",
+          {{"step", j.step}, {"dir", dir}, {"reason", result.message()}});
+    log(LogLevel::kError, std::string(options.memory_tier ? "snapshot" : "checkpoint") + " step " +
+                              std::to_string(j.step) + " FAILED (training continues; older ones are intact): " +
+                              result.message());
   }
 }
 
@@ -175,6 +197,7 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
   m.job_id = identity.job_id;
   m.metadata = j.metadata;
   std::string failure;
+  nlohmann::json placement = nlohmann::json::array();
   for (int r = 0; r < identity.world_size; ++r) {
     auto got = channel->get(prefix + "/shard/" + std::to_string(r), remaining(deadline));
     if (!got) {
@@ -190,11 +213,27 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
     ms.file = shardFileName(r, identity.world_size);
     char* end = nullptr;
     ms.size = std::strtoull(got->c_str() + 3, &end, 10);
-    ms.xxh3 = std::strtoull(end, nullptr, 10);
+    ms.xxh3 = std::strtoull(end, &end, 10);
     m.shards.push_back(ms);
+    if (options.memory_tier) {
+      // "<host> <replica host or ->": where the shard and its peer copy are held.
+      std::istringstream words(end);
+      std::string host, replica;
+      words >> host >> replica;
+      placement.push_back({host, replica == "-" ? "" : replica});
+    }
   }
   (void)mine;
-  Status s = failure.empty() ? writeManifest(*fs, dir, m) : Status::ioError(failure);
+  if (options.memory_tier) m.metadata[kPlacementKey] = placement.dump();
+  const std::string text = manifestText(m);
+  Status s = failure.empty() ? writeManifestText(*fs, dir, text) : Status::ioError(failure);
+  // Every host keeps its own copy of the manifest (its local rank 0 writes it, adoptManifest):
+  // published before the result, which the other ranks wait for.
+  if (s.isOk() && options.memory_tier) {
+    if (Status p = channel->set(prefix + "/manifest", text); !p.isOk()) {
+      s = Status(p.code(), "publishing the snapshot's manifest to the other hosts: " + p.message());
+    }
+  }
   // The other ranks wait for this: retry a store hiccup for a moment. If it cannot be said,
   // a committed checkpoint is still committed (its manifest is on disk, where they look too).
   const std::string said = s.isOk() ? "committed" : "failed: " + s.message();
@@ -213,6 +252,7 @@ Status Checkpointer::Impl::commitAsRankZero(const Job& j, const ShardInfo& mine,
     const std::string old = key_base + "/save/" + std::to_string(previous_save_seq);
     for (int r = 0; r < identity.world_size; ++r) channel->remove(old + "/shard/" + std::to_string(r));
     channel->remove(old + "/result");
+    channel->remove(old + "/manifest");
   }
   previous_save_seq = j.seq;
   return s;

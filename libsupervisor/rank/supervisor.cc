@@ -154,6 +154,11 @@ void Supervisor::close(bool failed) {
     if (!s.isOk()) impl_->logger.logger->error("last checkpoint did not complete: {}", s.message());
     impl_->checkpointer.reset();
   }
+  if (impl_->snapshots) {
+    Status s = impl_->snapshots->waitIdle(fromSeconds(impl_->config.checkpoint.commit_timeout_s));
+    if (!s.isOk()) impl_->logger.logger->warn("last snapshot did not complete: {}", s.message());
+    impl_->snapshots.reset();
+  }
   impl_->watchdog->stop();
   if (impl_->telemetry) impl_->telemetry->stop();
   impl_->onTick();  // a stop request the watchdog had no tick left to report

@@ -67,6 +67,9 @@ struct Supervisor::Impl {
   std::atomic<int> training_tid{0};  // the thread that called step()/section() first
   bool first_step_seen = false;      // training thread only
   std::unique_ptr<Checkpointer> checkpointer;  // training thread only
+  std::unique_ptr<Checkpointer> snapshots;     // the memory tier (config.snapshot), training thread only
+  std::shared_ptr<CommitChannel> channel;      // the checkpointers' (null with one rank)
+  int64_t restore_calls = 0;                   // training thread only
   // With checkpoints across ranks, a stop request takes effect when the ranks agreed on it (the
   // same step everywhere); these mirror the checkpointer's state for stopRequested() callers.
   std::atomic<bool> stop_needs_agreement{false};

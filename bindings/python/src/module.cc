@@ -255,7 +255,8 @@ std::pair<std::string, std::string> save(Supervisor& sup, int64_t step, const py
   Checkpointer::Collect c = [&](std::vector<BufferRef>& buffers, std::map<std::string, std::string>& meta) -> Status {
     py::gil_scoped_acquire gil;
     try {
-      keep = collect();
+      auto tier = meta.find("trainsup.tier");
+      keep = collect(tier == meta.end() ? std::string("disk") : tier->second);
       auto tup = keep.cast<py::tuple>();
       for (auto item : tup[0].cast<py::list>()) {
         auto t = item.cast<py::tuple>();
@@ -445,6 +446,26 @@ void bindCheckpoint(py::module_& m) {
     const ShardReader* raw = r->get();
     return PyShard(raw, std::move(*r));
   });
+  // A shard file read in full: every checksum, and the header's rank, world size and step
+  // against what its name says (the agents check each snapshot copy they take this way).
+  m.def("verify_shard_file", [](const std::string& path, int rank, int world_size, int64_t step) {
+    Status st;
+    {
+      py::gil_scoped_release release;
+      auto r = ShardReader::open(FileSystem::posix(), path);
+      if (!r) {
+        st = r.status();
+      } else if ((*r)->info().rank != rank || (*r)->info().world_size != world_size || (*r)->info().step != step) {
+        st = Status::corruption(path + ": the shard is rank " + std::to_string((*r)->info().rank) + " of " +
+                                std::to_string((*r)->info().world_size) + " at step " +
+                                std::to_string((*r)->info().step) + ", not rank " + std::to_string(rank) + " of " +
+                                std::to_string(world_size) + " at step " + std::to_string(step));
+      } else {
+        st = (*r)->verifyAll();
+      }
+    }
+    if (!st.isOk()) raiseStatus(st);
+  }, py::arg("path"), py::arg("rank"), py::arg("world_size"), py::arg("step"));
   // Shard `rank` of the checkpoint in `dir`, checked against its manifest as restore checks
   // its own (checkpoint_format.h: size, index checksum, identity, companion files).
   m.def("open_checked_shard", [](const std::string& dir, int rank) {

@@ -159,8 +159,10 @@ class Supervisor:
         self._ensure_checkpoints()
         keep: list = []
 
-        def collect() -> Any:
-            if self._uses_dcp(state):
+        def collect(tier: str = "disk") -> Any:
+            # The memory tier always writes trainsup's own shards (a DTensor as its local shard):
+            # it is restored by a job of the same world size and mesh (docs/snapshots.md).
+            if tier == "disk" and self._uses_dcp(state):
                 # DCP's staging: the only stall; the writer thread then persists through DCP.
                 from .dcp import LAYOUT, to_dcp
                 state_dict, _ = to_dcp(state, self._sup.rank, self._include_rng)

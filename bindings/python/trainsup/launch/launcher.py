@@ -40,6 +40,7 @@ from ..quarantine import EXIT_QUARANTINED, Quarantine
 from .quarantine_policy import AgentQuarantine
 from .restarts import EXIT_DO_NOT_REQUEUE, RestartGuard
 from .node_services import NodeServices
+from .snapshots import DEFAULT_MEMORY, SnapshotService
 from .store import first_set, peek
 from .verdict_watch import VerdictWatch
 
@@ -88,6 +89,11 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                      on_slow=self.watch.slow_link,
                                      slow_link_multiplier=_trainsup_agent.DETECTOR_DEFAULTS["slow_link_multiplier"])
         self.quarantine.preflight()
+        # This host's share of the in-memory snapshots, held across rounds (snapshots.py).
+        self.snapshots = SnapshotService(self.store, inner.get_run_id(), self.node, settings["bind"],
+                                         settings["advertise"], memory=settings.get("snapshot_memory", DEFAULT_MEMORY),
+                                         max_bytes=settings.get("snapshot_max_bytes", 0),
+                                         on_event=lambda name, **f: self.events.write(name, round=self.round, **f))
 
     # --- RendezvousHandler ---
     def get_backend(self):
@@ -112,6 +118,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         if self.services is not None:
             self.services.close()
             self.services = None
+        self.snapshots.close()
         self.events.write("agent_stop")
         return self.inner.shutdown()
 
@@ -194,6 +201,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.round = compat.round_of(self.inner)
         self.services = self._start_services(group_world)
         os.environ.update(self.services.rank_env)
+        self.snapshots.joined_round(self.round, group_rank, group_world)
+        os.environ.update(self.snapshots.rank_env)
         os.environ["TRAINSUP_NODE_NAME"] = self.node
         os.environ["TRAINSUP_RESTART_COUNT"] = str(self.round)
         os.environ.setdefault("TRAINSUP_JOB_ID", self.get_run_id())
@@ -363,4 +372,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                 empty_since = (empty_since or time.monotonic()) if over else None
                 if empty_since is not None and time.monotonic() - empty_since > 60:
                     break
+        # Until here a quarantined host's snapshot memory still served the others (its GPU
+        # failed, not its memory); now it is freed.
+        self.snapshots.close()
         os._exit(code)

@@ -21,6 +21,10 @@ also settable by its environment variable (docs/configuration.md):
                             entered gets this long past its budget for the network to recover
                             before anyone is named
   --rank-silence-s S        TRAINSUP_RANK_SILENCE_S (default 5): telemetry silence that names a rank
+  --snapshot-memory DIR     TRAINSUP_SNAPSHOT_MEMORY (default /dev/shm/trainsup): the tmpfs where this
+                            host's agent holds in-memory snapshots (<DIR>/<run id>/<host>)
+  --snapshot-max-bytes N    TRAINSUP_SNAPSHOT_MAX_BYTES (default 0: no cap but the file system's):
+                            the most bytes of peer copies this host's agent takes
 
 Differences from plain torchrun: the rendezvous backend must be elastic (c10d, the default here
 with --standalone, or etcd-v2); --max-restarts defaults to 100 per agent because the job-wide
@@ -56,6 +60,8 @@ OUR_FLAGS = {
     "--collective-budgets": ("TRAINSUP_COLLECTIVE_BUDGETS", ""),
     "--network-grace-s": ("TRAINSUP_NETWORK_GRACE_S", str(DETECTOR_DEFAULTS["network_grace_s"])),
     "--rank-silence-s": ("TRAINSUP_RANK_SILENCE_S", str(DETECTOR_DEFAULTS["heartbeat_timeout_s"])),
+    "--snapshot-memory": ("TRAINSUP_SNAPSHOT_MEMORY", "/dev/shm/trainsup"),
+    "--snapshot-max-bytes": ("TRAINSUP_SNAPSHOT_MAX_BYTES", "0"),
 }
 
 
@@ -82,6 +88,14 @@ def _seconds(args: Any, flag: str, positive: bool = True) -> float:
         sys.exit(f"trainsup.run: {flag} / {env} = {text!r}: must be a {'positive' if positive else 'non-negative'} "
                  "number of seconds")
     return value
+
+
+def _byte_count(args: Any, flag: str) -> int:
+    env = OUR_FLAGS[flag][0]
+    text = str(_setting(args, flag))
+    if not text.isdigit():
+        sys.exit(f"trainsup.run: {flag} / {env} = {text!r}: must be a whole number of bytes (0: no cap)")
+    return int(text)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -141,6 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "collective_budgets": budgets,
         "network_grace_s": _seconds(args, "--network-grace-s", positive=False),
         "rank_silence_s": _seconds(args, "--rank-silence-s"),
+        "snapshot_memory": os.path.abspath(_setting(args, "--snapshot-memory")),
+        "snapshot_max_bytes": _byte_count(args, "--snapshot-max-bytes"),
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir
 

@@ -92,6 +92,27 @@ struct CheckpointOptions {
   double commit_timeout_s = 600;            // TRAINSUP_CHECKPOINT_COMMIT_TIMEOUT_S
   double mtbf_s = 0;                        // TRAINSUP_MTBF_S (0 = unknown)
   int sync_steps = 10;                      // TRAINSUP_CHECKPOINT_SYNC_STEPS: initial decision spacing
+
+  // The memory tier (docs/snapshots.md): a Checkpointer whose `dir` is host-local shared memory
+  // (tmpfs) that the launcher agent owns, and whose shards the agent copies to a peer host's
+  // agent before they count. Set by Supervisor from SnapshotOptions, not read from the
+  // environment under these names.
+  bool memory_tier = false;
+  std::string agent;        // "host:port" of this host's agent (its snapshot service)
+  std::string agent_token;  // 32 hex digits the agents check on every request
+  int replicas = 1;         // peer copies a shard needs before it counts (0 or 1)
+};
+
+// In-memory snapshots (issue 22), on a schedule of their own. trainsup-run sets dir, agent and
+// token for its workers; the user sets the schedule. Off unless a schedule and a dir are set.
+struct SnapshotOptions {
+  int64_t every_steps = 0;  // TRAINSUP_SNAPSHOT_EVERY_STEPS (0 = off)
+  double interval_s = 0;    // TRAINSUP_SNAPSHOT_INTERVAL_S (0 = off)
+  std::string dir;          // TRAINSUP_SNAPSHOT_DIR: this host's snapshot memory (tmpfs), per host
+  std::string agent;        // TRAINSUP_SNAPSHOT_AGENT: "host:port" of this host's agent
+  std::string token;        // TRAINSUP_SNAPSHOT_TOKEN: the agents' token (32 hex digits)
+  int replicas = 1;         // TRAINSUP_SNAPSHOT_REPLICAS: peer copies required (0 or 1)
+  bool enabled() const { return (every_steps > 0 || interval_s > 0) && !dir.empty(); }
 };
 
 // Where settings come from: the process environment, or a map in tests.
@@ -126,6 +147,7 @@ struct TRAINSUP_EXPORT Config {
   std::map<std::string, double> section_budgets_s;
 
   CheckpointOptions checkpoint;
+  SnapshotOptions snapshot;
 
   // Telemetry to the job coordinator (issue #5). Empty: off.
   std::string coordinator;  // TRAINSUP_COORDINATOR: "host:port"

@@ -131,6 +131,13 @@ struct Manifest {
 
 // Atomically writes `dir`/MANIFEST.json (temporary name, fsync, rename, fsync(dir)).
 TRAINSUP_EXPORT Status writeManifest(FileSystem& fs, const std::string& dir, const Manifest& manifest);
+// The text writeManifest writes (checksum included), and writing such a text the same atomic way
+// (the memory tier copies rank 0's manifest to every host as text, byte for byte).
+TRAINSUP_EXPORT std::string manifestText(const Manifest& manifest);
+TRAINSUP_EXPORT Status writeManifestText(FileSystem& fs, const std::string& dir, const std::string& text);
+// Manifest metadata of the memory tier: JSON [[host, replica host], ...] by rank, where each
+// rank's shard and its peer copy are held ("" when a shard has no peer copy).
+inline constexpr const char* kPlacementKey = "trainsup.placement";
 // NotFound if missing; Corruption (naming the file) if unparsable or its checksum is wrong.
 TRAINSUP_EXPORT Result<Manifest> readManifest(FileSystem& fs, const std::string& dir);
 

@@ -33,6 +33,7 @@
 // the destructor may be called from any thread. The destructor waits for an in-flight persist.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -111,8 +112,14 @@ class TRAINSUP_EXPORT Checkpointer {
   // rank. Returns the restored step, or nullopt if there is none. A checkpoint written by
   // another world size is offered to `load` only if its layout reshards (manifest metadata
   // kLayoutKey = "dcp", or replicated state); otherwise it is skipped.
+  //
+  // Only steps >= `at_least` are candidates (a memory tier is not restored from when the disk
+  // holds a newer checkpoint). A memory-tier Checkpointer (CheckpointOptions::memory_tier)
+  // looks for each rank's shard in this host's snapshot directory, then asks its agent to fetch
+  // it from the hosts that held it or its peer copy (manifest metadata kPlacementKey); each
+  // copy is verified, and one that fails is skipped with a "snapshot_copy_skipped" event.
   using Load = std::function<Status(const Manifest& manifest, const ShardReader& shard)>;
-  Result<std::optional<int64_t>> restore(const Load& load);
+  Result<std::optional<int64_t>> restore(const Load& load, int64_t at_least = INT64_MIN);
 
   struct Stats {
     int64_t started = 0, committed = 0, failed = 0, skipped_busy = 0;

@@ -109,13 +109,20 @@ class TRAINSUP_EXPORT Supervisor {
   // --- Checkpoints (trainsup/checkpointer.h), all collective, training thread only ---
   // Creates the Checkpointer on first use. A job of several ranks passes its c10d store as
   // `channel` (trainsup/torch_state.h adapts it); one rank needs none. Later calls return the
-  // same Checkpointer and ignore `channel`.
+  // same Checkpointer and ignore `channel`. With in-memory snapshots configured
+  // (TRAINSUP_SNAPSHOT_EVERY_STEPS or _INTERVAL_S, and TRAINSUP_SNAPSHOT_DIR, which trainsup-run
+  // sets), it also creates the memory tier (docs/snapshots.md): a second Checkpointer over this
+  // host's snapshot memory, on its own schedule, whose shards count only once a peer host's
+  // agent holds a verified copy.
   Result<Checkpointer*> checkpointer(std::shared_ptr<CommitChannel> channel = nullptr);
   // Save if due / save now. The snapshot is timed as section "checkpoint". The learned section
   // budgets travel in the checkpoint's metadata ("trainsup.budgets"), so a restarted job starts
   // calibrated. A background persist failure of an earlier save is returned here once (and was
   // logged and recorded when it happened), after this call's own save was carried out, so that
   // every rank takes the same decisions. Requires checkpointer() to have succeeded.
+  // maybeCheckpoint() also takes an in-memory snapshot when one is due: `collect` then finds
+  // "trainsup.tier" = "memory" in the metadata map it is handed. A failed snapshot is an event
+  // ("snapshot_failed") and a log line, never this call's error.
   Result<Checkpointer::Outcome> maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect);
   Result<Checkpointer::Outcome> checkpoint(int64_t step, const Checkpointer::Collect& collect);
   // With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped: call before the state is next modified
@@ -123,6 +130,9 @@ class TRAINSUP_EXPORT Supervisor {
   // OK at once when no snapshot is outstanding or checkpoints are not set up.
   Status awaitSnapshot();
   // Restores the newest valid checkpoint (timed as section "restore"); nullopt when none.
+  // With snapshots: the newest snapshot every rank can get (from this host's memory, else a
+  // peer's copy), unless the disk holds a newer checkpoint; when no snapshot can be restored,
+  // the disk's newest, with a "snapshot_restore_fallback" event saying why.
   Result<std::optional<int64_t>> restore(const Checkpointer::Load& load);
 
   const Config& config() const;
@@ -150,6 +160,7 @@ class TRAINSUP_EXPORT Supervisor {
   void exitSection();
   Result<Checkpointer::Outcome> saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now);
   Result<Checkpointer::Outcome> saveCheckpointNow(int64_t step, const Checkpointer::Collect& collect, bool now);
+  Result<int64_t> newestDiskStep(int64_t call);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,176 @@
+"""In-memory snapshots (issue 22, docs/snapshots.md): each rank's snapshot is held by its host's
+agent, copied to a peer host's agent and verified before it counts; a restart takes each shard
+from this host's memory, else from the peer's copy, else falls back to disk and says why.
+
+The agents' snapshot services run in this test process (one per simulated host), over a real
+TCPStore; the ranks are real processes (snapshot_worker.py) with two ranks per host."""
+import datetime
+import glob
+import json
+import os
+import sys
+
+import pytest
+import torch.distributed as dist
+
+from ranks import Ranks
+
+from trainsup.launch.snapshots import SnapshotService
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "snapshot_worker.py")
+JOB = "snapjob"
+
+
+class Cluster:
+    """Snapshot services of simulated hosts, sharing one store; rounds of 2 hosts x 2 ranks."""
+
+    def __init__(self, tmp_path, max_bytes=None):
+        self.tmp = tmp_path
+        self.store_server = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=60),
+                                          wait_for_workers=False)
+        self.store = dist.PrefixStore("trainsup/", self.store_server)
+        self.events = []
+        self.services = {}
+        self.max_bytes = max_bytes or {}
+
+    def host(self, name):
+        if name not in self.services:
+            self.services[name] = SnapshotService(
+                self.store, JOB, name, "127.0.0.1", "127.0.0.1", memory=str(self.tmp / "shm"),
+                max_bytes=self.max_bytes.get(name, 0),
+                on_event=lambda event, _h=name, **f: self.events.append(dict(f, event=event, host=_h)))
+        return self.services[name]
+
+    def lose(self, name):
+        """The host is gone, with its memory."""
+        self.services.pop(name).close()
+
+    def run(self, round_, hosts, steps, extra_env=None):
+        for g, h in enumerate(hosts):
+            self.host(h).joined_round(round_, g, len(hosts))
+
+        def rank_env(r):
+            svc = self.services[hosts[r // 2]]
+            return dict(svc.rank_env, TRAINSUP_NODE_NAME=svc.node, LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2",
+                        GROUP_RANK=str(r // 2), TRAINSUP_RESTART_COUNT=str(round_))
+
+        env = {"TRAINSUP_JOB_ID": JOB, "TRAINSUP_LOG_DIR": str(self.tmp / "logs"),
+               "TRAINSUP_CHECKPOINT_DIR": str(self.tmp / "disk"), "TRAINSUP_SNAPSHOT_EVERY_STEPS": "2",
+               "TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S": "120", "TRAINSUP_LOG_STDERR": "0"}
+        env.update(extra_env or {})
+        with Ranks(4, [sys.executable, WORKER, "--steps", str(steps)], env=env, rank_env=rank_env) as job:
+            outs = job.communicate(timeout=240)
+        results = []
+        for rc, out in outs:
+            assert rc == 0, out
+            results.append(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
+        return results
+
+    def worker_events(self, name):
+        found = []
+        for path in glob.glob(str(self.tmp / "logs" / "*.events.jsonl")):
+            with open(path) as f:
+                for line in f:
+                    e = json.loads(line)
+                    if e.get("event") == name:
+                        found.append(e)
+        return found
+
+    def close(self):
+        for s in list(self.services.values()):
+            s.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def reference_digest(tmp_path, steps):
+    """The digest of the same training without any interruption, on one rank."""
+    out = Ranks(1, [sys.executable, WORKER, "--steps", str(steps)],
+                env={"TRAINSUP_LOG_DIR": str(tmp_path / "ref-logs"), "TRAINSUP_CHECKPOINT_DIR": str(tmp_path / "ref"),
+                     "TRAINSUP_LOG_STDERR": "0"}).communicate(timeout=120)
+    assert out[0][0] == 0, out[0][1]
+    return json.loads([line for line in out[0][1].splitlines() if line.startswith("{")][-1])["digest"]
+
+
+def test_a_lost_host_is_restored_from_its_peers_copy(cluster, tmp_path):
+    first = cluster.run(0, ["ha", "hb"], steps=9)
+    assert all(r["restored"] == 0 for r in first)
+    # A snapshot due while the previous one is still being copied is skipped (the training never
+    # waits for a copy): the newest committed one is what the events say.
+    newest = max(e["step"] for e in cluster.worker_events("snapshot_committed"))
+    assert newest >= 4
+    # Each host holds its own shards and its peer's copies of the newest snapshot only, and the
+    # manifest names where each shard and its copy are.
+    for h in ("ha", "hb"):
+        held = sorted(os.path.basename(p) for p in glob.glob(os.path.join(cluster.services[h].dir, "step-*", "*")))
+        assert held == ["MANIFEST.json"] + [f"shard-r0000{r}-of-00004.tsc" for r in range(4)], (h, held)
+        steps = [os.path.basename(p) for p in glob.glob(os.path.join(cluster.services[h].dir, "step-*"))]
+        assert steps == ["step-%020d" % newest], steps
+    manifest = json.load(open(glob.glob(os.path.join(cluster.services["ha"].dir, "step-*", "MANIFEST.json"))[0]))
+    assert json.loads(manifest["metadata"]["trainsup.placement"]) == [["ha", "hb"], ["ha", "hb"], ["hb", "ha"],
+                                                                       ["hb", "ha"]]
+    replicated = [e for e in cluster.events if e["event"] == "snapshot_replicated"]
+    assert {e["host"] for e in replicated} == {"ha", "hb"}
+
+    # Host hb dies with its memory; a spare, hc, takes its ranks (2 and 3) and fetches their
+    # shards from ha, which held hb's copies. Nothing is replayed from disk: no disk checkpoint
+    # exists (the disk interval is the default 10 minutes).
+    cluster.lose("hb")
+    second = cluster.run(1, ["ha", "hc"], steps=12)
+    assert [r["restored"] for r in second] == [newest] * 4
+    assert [r["next_step"] for r in second] == [12] * 4
+    expected = reference_digest(tmp_path, 12)
+    assert all(r["digest"] == pytest.approx(expected, rel=1e-12) for r in second)
+    restored = cluster.worker_events("checkpoint_restored")
+    assert {e["tier"] for e in restored} == {"memory"}
+    assert {e["ranks_from_peers"] for e in restored} == {2}
+    fetched = [e for e in cluster.events if e["event"] == "snapshot_fetched"]
+    assert sorted((e["host"], e["source"], os.path.basename(e["file"])) for e in fetched
+                  if e["file"].endswith(".tsc")) == [("hc", "ha", "shard-r00002-of-00004.tsc"),
+                                                     ("hc", "ha", "shard-r00003-of-00004.tsc")]
+    assert not cluster.worker_events("snapshot_restore_fallback")
+
+
+def test_a_corrupt_last_copy_is_skipped_and_the_restore_falls_back_to_disk(cluster, tmp_path):
+    cluster.run(0, ["ha", "hb"], steps=9, extra_env={"TRAINSUP_CHECKPOINT_EVERY_STEPS": "5"})
+    newest = max(e["step"] for e in cluster.worker_events("snapshot_committed"))
+    assert newest > 5, "the newest snapshot must be newer than the disk checkpoint for this test"
+    # hb dies, and ha's copy of rank 2's shard is damaged: no verified copy of rank 2 is left.
+    cluster.lose("hb")
+    victim = glob.glob(os.path.join(cluster.services["ha"].dir, "step-*", "shard-r00002-of-00004.tsc"))[0]
+    with open(victim, "r+b") as f:
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    second = cluster.run(1, ["ha", "hc"], steps=12, extra_env={"TRAINSUP_CHECKPOINT_EVERY_STEPS": "5"})
+    # Disk step 5, never the damaged copy; then trained on to the same result.
+    assert [r["restored"] for r in second] == [5] * 4
+    expected = reference_digest(tmp_path, 12)
+    assert all(r["digest"] == pytest.approx(expected, rel=1e-12) for r in second)
+    skipped = [e for e in cluster.events if e["event"] == "snapshot_copy_skipped"]
+    assert skipped and all("checksum mismatch" in e["reason"] for e in skipped), skipped
+    fallback = cluster.worker_events("snapshot_restore_fallback")
+    assert len(fallback) == 4 and all("shard-r00002-of-00004.tsc" in e["reason"] and "checksum mismatch" in e["reason"]
+                                      for e in fallback), fallback
+    restored = cluster.worker_events("checkpoint_restored")
+    assert [e.get("tier") for e in restored] == [None] * 4  # the disk tier's event has no tier
+
+
+def test_a_peer_out_of_snapshot_memory_fails_that_snapshot_not_the_job(tmp_path):
+    c = Cluster(tmp_path, max_bytes={"hb": 1})
+    try:
+        results = c.run(0, ["ha", "hb"], steps=5, extra_env={"TRAINSUP_CHECKPOINT_EVERY_STEPS": "4"})
+    finally:
+        c.close()
+    assert [r["next_step"] for r in results] == [5] * 4  # training went on
+    failed = c.worker_events("snapshot_failed")
+    assert failed and any("snapshot memory cap (TRAINSUP_SNAPSHOT_MAX_BYTES=1)" in e["reason"] for e in failed), failed
+    assert not c.worker_events("snapshot_committed")
+    assert len(c.worker_events("checkpoint_committed")) == 4  # the disk checkpoint of step 4
