@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -94,8 +95,10 @@ def read_events(path):
 
 
 class Cluster:
-    def __init__(self, workdir, nnodes, steps, extra_train=(), env=None, backend="c10d", train=TRAIN, nproc=1):
+    def __init__(self, workdir, nnodes, steps, extra_train=(), env=None, backend="c10d", train=TRAIN, nproc=1,
+                 snapshot_every=0):
         self.dir = pathlib.Path(workdir)
+        self.snapshot_every = snapshot_every
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.backend = backend
@@ -107,6 +110,11 @@ class Cluster:
         self.env = dict(os.environ, PYTHONFAULTHANDLER="1", TRAINSUP_CHECKPOINT_DIR=str(self.dir / "ckpt"),
                         TRAINSUP_LOG_DIR=str(self.dir / "logs"), TRAINSUP_LOG_STDERR="0", OMP_NUM_THREADS="1",
                         PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
+        if snapshot_every:
+            # In-memory snapshots every N steps, held by the agents in shared memory (a directory
+            # of this run's own under /dev/shm); the disk keeps its default 10-minute interval.
+            self.shm = pathlib.Path("/dev/shm") / f"trainsup-scenario-{self.port}"
+            self.env.update(TRAINSUP_SNAPSHOT_EVERY_STEPS=str(snapshot_every), TRAINSUP_SNAPSHOT_MEMORY=str(self.shm))
         self.agents = {}
 
     def start(self, host, rdzv_conf=None):
@@ -115,7 +123,8 @@ class Cluster:
                f"--rdzv_backend={self.backend}", f"--rdzv_endpoint=127.0.0.1:{self.port}", "--rdzv_id=scenario",
                *([f"--rdzv_conf={rdzv_conf}"] if rdzv_conf else []),
                "--run-dir", str(self.dir / "run"), str(self.train), "--steps", str(self.steps),
-               "--checkpoint-every", "50", "--step-sleep-ms", "20", *self.extra_train]
+               *([] if self.snapshot_every else ["--checkpoint-every", "50"]), "--step-sleep-ms", "20",
+               *self.extra_train]
         self.agents[host] = subprocess.Popen(cmd, env=dict(self.env, TRAINSUP_NODE_NAME=host), stdout=out,
                                              stderr=subprocess.STDOUT)
 
@@ -136,7 +145,7 @@ class Cluster:
             time.sleep(0.1)  # polls files written by other processes; bounded by the deadline
 
     def training_at(self, host, step):
-        return any(e["event"] == "checkpoint_committed" and e.get("step", -1) >= step for e in self.rank_events(host))
+        return any(e["event"] in ("checkpoint_committed", "snapshot_committed") and e.get("step", -1) >= step for e in self.rank_events(host))
 
     def start_a_then_b(self, step, timeout):
         """Starts host-a, and host-b once host-a's agent is up (so that host-a serves the c10d
@@ -181,6 +190,8 @@ class Cluster:
         if self.etcd is not None and self.etcd.poll() is None:
             self.etcd.terminate()
             self.etcd.wait()
+        if self.snapshot_every:
+            shutil.rmtree(self.shm, ignore_errors=True)  # what agents killed above could not free
 
 
 def clean_scenario(workdir, steps):
@@ -193,10 +204,11 @@ def clean_scenario(workdir, steps):
         c.kill_all()
 
 
-def fault_scenario(workdir, steps, spare, sharded=False):
+def fault_scenario(workdir, steps, spare, sharded=False, snapshot_every=0):
     c = Cluster(workdir, "2:2" if spare else "1:2", steps,
                 extra_train=["--out", str(pathlib.Path(workdir) / "final.pt")] + (["--sharded-checkpoints"] if sharded
-                                                                                  else []))
+                                                                                  else []),
+                snapshot_every=snapshot_every)
     try:
         c.start("host-a")
         c.start("host-b")
@@ -351,6 +363,9 @@ def main():
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--no-progress-guard", action="store_true",
                    help="user_error: end the job by the no-progress guard instead of the restart cap")
+    p.add_argument("--snapshot-every", type=int, default=0,
+                   help="spare, shrink: in-memory snapshots every N steps (held by the agents, copied to a peer "
+                        "host), and disk checkpoints at their default 10-minute interval instead of every 50 steps")
     a = p.parse_args()
     summary = {"scenario": a.scenario}
     if a.scenario == "user_error":
@@ -380,7 +395,7 @@ def main():
                        finished=(pathlib.Path(a.workdir) / "final.pt").exists())
     else:
         c, fault_wall, codes = fault_scenario(a.workdir, a.steps, spare=a.scenario == "spare",
-                                              sharded=a.scenario == "sharded")
+                                              sharded=a.scenario == "sharded", snapshot_every=a.snapshot_every)
         summary["agent_exit_codes"] = codes
         summary["fault_time"] = fault_wall
     summary["quarantine"] = sorted(x.name[:-5] for x in (c.dir / "run" / "quarantine").glob("*.json"))
