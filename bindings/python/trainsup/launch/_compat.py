@@ -182,6 +182,40 @@ def use_agent_store(handler):
     return bool(getattr(handler, "use_agent_store", False))
 
 
+_SYNC_POLL_S = [1.0]
+
+
+def shorten_rendezvous_polls(handler):
+    """torch's dynamic rendezvous (c10d and etcd-v2) looks at the shared state at most once a
+    second while it waits for other nodes: it sleeps a fixed 1 s between looks
+    (dynamic_rendezvous: `_delay(seconds=1)` on _Action.SYNC), and its state holder reuses a
+    copy up to 1 s old (`cache_duration=1`). A node that waits for the round to complete learns
+    of it up to a second late (issue 22 measured the restart's rendezvous at 1.2 s). Both become
+    max_nodes / 1000 s, between 0.1 s and torch's 1 s: the store then serves at most about 1000
+    of these reads a second whatever the job's size (at 1000 nodes and more, torch's own pace).
+    Other delays (the random start-up skew) are torch's. Returns the interval."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    _SYNC_POLL_S[0] = min(1.0, max(0.1, float(max_nodes(handler)) / 1000.0))
+    holder = getattr(handler, "_state_holder", None)
+    if holder is not None and hasattr(holder, "_cache_duration"):
+        holder._cache_duration = _SYNC_POLL_S[0]
+    original = getattr(dr._delay, "__trainsup_original__", dr._delay)
+
+    def delay(seconds):
+        if seconds == 1:
+            seconds = _SYNC_POLL_S[0]
+        original(seconds)
+
+    delay.__trainsup_original__ = original
+    dr._delay = delay
+    return _SYNC_POLL_S[0]
+
+
+def rendezvous_poll_s():
+    """The wait between reads of the rendezvous state while waiting for other nodes."""
+    return _SYNC_POLL_S[0]
+
+
 def state(handler):
     """The handler's view of the shared rendezvous state (synced by num_nodes_waiting)."""
     return handler._state_holder.state

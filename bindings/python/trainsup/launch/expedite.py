@@ -35,7 +35,8 @@ def expedite_round(agent):
 
     def watch():
         hosts = None  # the last round's hosts: read once, when first needed
-        while not done.wait(0.5):
+        # At the rendezvous's own polling pace (compat.shorten_rendezvous_polls).
+        while not done.wait(compat.rendezvous_poll_s()):
             try:
                 forming = compat.forming_round(inner)
                 if forming is None or not forming[1] or forming[0] < compat.min_nodes(inner):

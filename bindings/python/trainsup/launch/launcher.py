@@ -77,7 +77,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
         self.watch.start()
-        self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner))
+        poll_s = compat.shorten_rendezvous_polls(inner)
+        self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner),
+                          rendezvous_poll_s=poll_s)
         self.liveness = HostLiveness(self.store, inner.get_run_id(), self.node, compat.node_desc(inner),
                                      self.watch.host_lost, interval_s=settings["agent_heartbeat_s"],
                                      timeout_s=settings["agent_timeout_s"],
