@@ -25,6 +25,9 @@ also settable by its environment variable (docs/configuration.md):
                             host's agent holds in-memory snapshots (<DIR>/<run id>/<host>)
   --snapshot-max-bytes N    TRAINSUP_SNAPSHOT_MAX_BYTES (default 0: no cap but the file system's):
                             the most bytes of peer copies this host's agent takes
+  --warm-workers 0|1        TRAINSUP_WARM_WORKERS (default 1): start workers by forking them from
+                            this host's zygote, a process that has imported torch already
+                            (trainsup/launch/zygote.py); 0: torchrun's own cold start
 
 Differences from plain torchrun: the rendezvous backend must be elastic (c10d, the default here
 with --standalone, or etcd-v2); --max-restarts defaults to 100 per agent because the job-wide
@@ -62,6 +65,7 @@ OUR_FLAGS = {
     "--rank-silence-s": ("TRAINSUP_RANK_SILENCE_S", str(DETECTOR_DEFAULTS["heartbeat_timeout_s"])),
     "--snapshot-memory": ("TRAINSUP_SNAPSHOT_MEMORY", "/dev/shm/trainsup"),
     "--snapshot-max-bytes": ("TRAINSUP_SNAPSHOT_MAX_BYTES", "0"),
+    "--warm-workers": ("TRAINSUP_WARM_WORKERS", "1"),
 }
 
 
@@ -96,6 +100,31 @@ def _byte_count(args: Any, flag: str) -> int:
     if not text.isdigit():
         sys.exit(f"trainsup.run: {flag} / {env} = {text!r}: must be a whole number of bytes (0: no cap)")
     return int(text)
+
+
+def _warm_start(args: Any, settings: Dict[str, Any]) -> None:
+    """Starts this host's zygote (trainsup/launch/zygote.py) and makes torchrun start each worker
+    through warm_client.py, which has the zygote fork it. Torchrun's own OMP_NUM_THREADS default
+    for workers is applied to the zygote first (libgomp reads it when torch is loaded)."""
+    import atexit
+    import subprocess
+    from .launcher import node_name
+    os.makedirs(settings["socket_dir"], mode=0o700, exist_ok=True)
+    sock = os.path.join(settings["socket_dir"], f"zygote-{hashlib.sha1(node_name().encode()).hexdigest()[:8]}.sock")
+    env = dict(os.environ)
+    if "OMP_NUM_THREADS" not in env and int(args.nproc_per_node) > 1:
+        env["OMP_NUM_THREADS"] = "1"
+    zygote = subprocess.Popen([sys.executable, "-m", "trainsup.launch.zygote", sock], env=env,
+                              stdout=subprocess.PIPE, text=True)
+    atexit.register(zygote.kill)
+    # It says "listening" once its socket exists (before its imports): a worker asked for from
+    # then on waits in its backlog. Anything else (it failed to start): workers start cold.
+    if zygote.stdout.readline().strip() != "listening":
+        print("[trainsup] the zygote did not start; workers start cold", file=sys.stderr, flush=True)
+        return
+    client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_client.py")
+    args.training_script_args = [sock, args.training_script, *args.training_script_args]
+    args.training_script = client
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -159,6 +188,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "snapshot_max_bytes": _byte_count(args, "--snapshot-max-bytes"),
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir
+    warm = str(_setting(args, "--warm-workers")).strip().lower()
+    if warm not in ("0", "1", "true", "false", "yes", "no", "on", "off"):
+        sys.exit(f"trainsup.run: --warm-workers / TRAINSUP_WARM_WORKERS = {warm!r}: must be 0 or 1")
+    if warm in ("1", "true", "yes", "on") and not args.no_python and not args.module:
+        _warm_start(args, settings)
 
     from .launcher import TrainsupRendezvousHandler
 
