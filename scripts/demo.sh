@@ -27,8 +27,9 @@ mkdir -p "$dir"
 
 echo "== reference: the same job without a fault (host-a + host-b, 500 steps)"
 "$python" examples/launch/recovery_scenario.py clean "$dir/reference" --steps 500 > "$dir/reference.json"
-echo "== the job: host-a + host-b active, host-c spare; host-b's worker is stopped after step ~200"
-"$python" examples/launch/recovery_scenario.py spare "$dir/job" --steps 500 > "$dir/job.json"
+echo "== the job: host-a + host-b active, host-c spare, in-memory snapshots every 5 steps (disk every 10 min);"
+echo "   host-b's worker is stopped after step ~200"
+"$python" examples/launch/recovery_scenario.py spare "$dir/job" --steps 500 --snapshot-every 5 > "$dir/job.json"
 "$python" - "$dir" <<'PY'
 import json, pathlib, sys
 import torch
@@ -46,7 +47,7 @@ rows = [(e["time"], e["host"], "agent", e) for e in agent if e["event"] in show_
 rows += [(e["wall_s"], e["host"], f"rank {e['rank']}", e) for e in ranks if e["event"] in show_rank and e["wall_s"] > fault - 1]
 rows.append((fault, "host-b", "demo", {"event": "FAULT: SIGSTOP of host-b's worker"}))
 keep = ("round", "group_rank", "kind", "ranks", "hosts", "section", "quarantined_host", "code", "step", "verdict",
-        "culprit_host", "restarts", "newest_checkpoint_step", "restore_s")
+        "culprit_host", "restarts", "newest_checkpoint_step", "restore_s", "tier", "source")
 print("\n== timeline (seconds from the fault)")
 for t, host, who, e in sorted(rows, key=lambda r: r[0]):
     if t < fault - 1 and e["event"] not in ("rendezvous", "coordinator_elected"):
@@ -60,7 +61,9 @@ first = min(e["wall_s"] for e in ranks if e["event"] == "first_step" and e["wall
 committed = min(e["wall_s"] for e in ranks if e["event"] == "checkpoint_snapshot" and e["step"] == restored["step"] and e["wall_s"] < fault)
 print(f"\n   detection {verdict['time'] - fault:.2f} s ({verdict['kind']} naming {verdict['hosts'][0]}), "
       f"recovery (fault to first step after resume) {first - fault:.2f} s, replayed work {fault - committed:.2f} s "
-      f"(resumed from step {restored['step']})")
+      f"(resumed from step {restored['step']} " +
+      (f"in memory; {restored.get('ranks_from_peers', 0)} rank(s) took a peer host's copy)"
+       if restored.get("tier") == "memory" else "on disk)"))
 ref = torch.load(d / "reference" / "final.pt")
 got = torch.load(d / "job" / "final.pt")
 same = all(torch.equal(ref["model"][k], got["model"][k]) for k in ref["model"])

@@ -46,7 +46,7 @@ class Cluster:
         """The host is gone, with its memory."""
         self.services.pop(name).close()
 
-    def run(self, round_, hosts, steps, extra_env=None):
+    def run(self, round_, hosts, steps, extra_env=None, argv=None):
         for g, h in enumerate(hosts):
             self.host(h).joined_round(round_, g, len(hosts))
 
@@ -59,12 +59,13 @@ class Cluster:
                "TRAINSUP_CHECKPOINT_DIR": str(self.tmp / "disk"), "TRAINSUP_SNAPSHOT_EVERY_STEPS": "2",
                "TRAINSUP_WATCHDOG_HEARTBEAT_TIMEOUT_S": "120", "TRAINSUP_LOG_STDERR": "0"}
         env.update(extra_env or {})
-        with Ranks(4, [sys.executable, WORKER, "--steps", str(steps)], env=env, rank_env=rank_env) as job:
+        with Ranks(4, argv or [sys.executable, WORKER, "--steps", str(steps)], env=env, rank_env=rank_env) as job:
             outs = job.communicate(timeout=240)
         results = []
         for rc, out in outs:
             assert rc == 0, out
-            results.append(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
+            if argv is None:
+                results.append(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
         return results
 
     def worker_events(self, name):
@@ -174,3 +175,54 @@ def test_a_peer_out_of_snapshot_memory_fails_that_snapshot_not_the_job(tmp_path)
     assert failed and any("snapshot memory cap (TRAINSUP_SNAPSHOT_MAX_BYTES=1)" in e["reason"] for e in failed), failed
     assert not c.worker_events("snapshot_committed")
     assert len(c.worker_events("checkpoint_committed")) == 4  # the disk checkpoint of step 4
+
+
+TRAIN_MESH = os.path.join(os.path.dirname(os.path.dirname(HERE)), "examples", "python", "train_mesh.py")
+
+
+def test_sharded_state_fsdp2_x_tp_is_restored_from_memory_on_a_spare(cluster, tmp_path):
+    """FSDP2 x TP on a 2 x 2 mesh: each rank's snapshot holds its DTensors' local shards; the
+    spare's ranks take the lost host's shards from the peer copy, and the job ends with the
+    same parameters as one that never failed."""
+    import torch
+
+    def mesh(steps, out=None):
+        return [sys.executable, TRAIN_MESH, "--steps", str(steps), "--tp", "2", "--step-sleep-ms", "50",
+                *(["--out", str(out)] if out else [])]
+
+    cluster.run(0, ["ha", "hb"], steps=9, argv=mesh(9))
+    newest = max(e["step"] for e in cluster.worker_events("snapshot_committed"))
+    cluster.lose("hb")
+    cluster.run(1, ["ha", "hc"], steps=12, argv=mesh(12, tmp_path / "final.pt"))
+    restored = [e for e in cluster.worker_events("checkpoint_restored") if e["restart"] == 1]
+    assert [(e["step"], e["tier"]) for e in restored] == [(newest, "memory")] * 4
+    assert {e["ranks_from_peers"] for e in restored} == {2}
+    with Ranks(4, mesh(12, tmp_path / "reference.pt"), env={"TRAINSUP_LOG_DIR": str(tmp_path / "ref-logs"),
+                                                            "TRAINSUP_CHECKPOINT_DIR": str(tmp_path / "ref"),
+                                                            "TRAINSUP_LOG_STDERR": "0"}) as job:
+        assert all(rc == 0 for rc, _ in job.communicate(timeout=240))
+    got, ref = torch.load(tmp_path / "final.pt"), torch.load(tmp_path / "reference.pt")
+    assert got.keys() == ref.keys()
+    assert all(torch.equal(got[k], ref[k]) for k in ref), "resumed parameters differ from the uninterrupted run"
+
+
+def test_the_report_says_where_each_incident_was_restored_from():
+    from trainsup.tools import report
+    agents = [{"event": "verdict", "time": 10.0, "round": 0, "kind": "silent_rank", "hosts": ["hb"], "host": "ha"},
+              {"event": "verdict", "time": 30.0, "round": 1, "kind": "silent_rank", "hosts": ["hc"], "host": "ha"}]
+    ranks = [{"event": "checkpoint_snapshot", "time": 9.5, "step": 95, "host": "ha", "rank": 0},
+             {"event": "checkpoint_restored", "time": 10.6, "step": 95, "tier": "memory", "source": "peer",
+              "ranks_from_peers": 1, "host": "hc", "rank": 1},
+             {"event": "first_step", "time": 10.7, "step": 96, "host": "ha", "rank": 0},
+             {"event": "checkpoint_snapshot", "time": 20.0, "step": 100, "host": "ha", "rank": 0},
+             {"event": "snapshot_restore_fallback", "time": 30.5, "host": "ha", "rank": 0,
+              "reason": "step-00000000000000000295: no verified copy of shard-r00001-of-00002.tsc"},
+             {"event": "checkpoint_restored", "time": 30.6, "step": 100, "host": "ha", "rank": 0},
+             {"event": "first_step", "time": 30.7, "step": 101, "host": "ha", "rank": 0}]
+    a = report.analyse(agents, ranks, [])
+    first, second = a["incidents"]
+    assert (first["restored_from"], first["ranks_from_peers"], first["memory_fallback"]) == ("memory", 1, None)
+    assert second["restored_from"] == "disk" and "no verified copy of shard-r00001" in second["memory_fallback"]
+    text = report.text_report(a, report.timeline(agents, ranks, []))
+    assert "restored from memory (1 rank(s) from a peer host's copy)" in text
+    assert "restored from disk, not memory: step-00000000000000000295: no verified copy" in text

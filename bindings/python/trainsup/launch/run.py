@@ -114,8 +114,11 @@ def _warm_start(args: Any, settings: Dict[str, Any]) -> None:
     env = dict(os.environ)
     if "OMP_NUM_THREADS" not in env and int(args.nproc_per_node) > 1:
         env["OMP_NUM_THREADS"] = "1"
+    # A session of its own, as torchrun gives each worker: a signal to the job's process group
+    # (a scheduler's SIGTERM) reaches the agent, which stops its workers as it always does, and
+    # not the zygote, whose end would kill every worker at once. It ends with the agent.
     zygote = subprocess.Popen([sys.executable, "-m", "trainsup.launch.zygote", sock], env=env,
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     atexit.register(zygote.kill)
     # It says "listening" once its socket exists (before its imports): a worker asked for from
     # then on waits in its backlog. Anything else (it failed to start): workers start cold.

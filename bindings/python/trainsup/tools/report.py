@@ -65,6 +65,7 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
     # The work a restore throws away starts at the step the checkpoint holds: its snapshot (the
     # commit may even come after the fault, when the persist finishes); older logs: its commit.
     snapshots = [e for e in ranks if e["event"] == "checkpoint_snapshot"]
+    fallbacks = sorted((e for e in ranks if e["event"] == "snapshot_restore_fallback"), key=lambda e: e["time"])
     commits = [e for e in ranks if e["event"] == "checkpoint_committed"]
     incidents = []
     seen_rounds = set()
@@ -90,6 +91,13 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
             "group": v.get("group", ""), "op": v.get("op", ""), "seq": v.get("seq", 0), "other_op": v.get("other_op", ""),
             "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed, "saved_time": saved,
             "restored_step": restored["step"] if restored else None,
+            # Where the state came from: "memory" (this host's or a peer's copy) or "disk"; and,
+            # when the memory tier could not serve, why (docs/snapshots.md).
+            "restored_from": (restored.get("tier") or "disk") if restored else None,
+            "ranks_from_peers": restored.get("ranks_from_peers") if restored else None,
+            "memory_fallback": next((f.get("reason", "") for f in fallbacks
+                                     if f["time"] > v["time"] and (restored is None or f["time"] <= restored["time"])),
+                                    None),
             "detection_s": (v["time"] - fault) if fault is not None else None,
             "replay_s": (t_fault - saved) if saved is not None else None,
             "restart_s": (resumed - v["time"]) if resumed is not None else None,
@@ -105,7 +113,7 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
 TIMELINE_AGENT = {"rendezvous", "coordinator_elected", "coordinator_takeover", "verdict", "quarantine",
                   "quarantined_exit", "worker_failure", "restart", "give_up", "agent_lost", "rendezvous_evicted",
                   "straggler", "slow_link", "slow_link_recovered"}
-TIMELINE_RANK = {"abort_ordered", "stall", "exit", "checkpoint_restored", "first_step"}
+TIMELINE_RANK = {"abort_ordered", "stall", "exit", "checkpoint_restored", "first_step", "snapshot_restore_fallback"}
 
 
 def timeline(agents: List[Event], ranks: List[Event], faults: List[Event]) -> List[Event]:
@@ -118,7 +126,7 @@ def timeline(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Li
 def _describe(e: Event) -> str:
     keys = ("round", "kind", "hosts", "section", "quarantined_host", "error_class", "restarts", "code", "step",
             "verdict", "culprit_host", "group_world", "reason", "lost_host", "silent_s", "evicted_host",
-            "slow_host", "round_trip_ms")
+            "slow_host", "round_trip_ms", "tier", "source")
     return " ".join(f"{k}={e[k]}" for k in keys if k in e and e[k] not in ("", None, []))
 
 
@@ -142,6 +150,10 @@ def text_report(a: Dict[str, Any], rows: List[Event]) -> str:
         out.append(f"  detection {fmt(i['detection_s'])}, replay since the checkpoint {fmt(i['replay_s'])} "
                    f"(resumed from step {i['restored_step']}), restart {fmt(i['restart_s'])}: "
                    f"{i['lost_s']:.2f} s lost")
+        if i.get("restored_from") == "memory":
+            out.append(f"  restored from memory ({i.get('ranks_from_peers') or 0} rank(s) from a peer host's copy)")
+        if i.get("memory_fallback"):
+            out.append(f"  restored from disk, not memory: {i['memory_fallback']}")
     return "\n".join(out)
 
 
