@@ -12,6 +12,10 @@ whole job; and classifies why workers failed. Modules:
   restarts         the job-wide restart policy
   quarantine_policy, preflight, gpu_faults, classify
                    when a host is quarantined: verdicts, health checks, GPU faults
+  snapshots        this host's share of the in-memory snapshots: holds them, copies them to
+                   the peer host, fetches lost ones (docs/snapshots.md)
+  zygote, warm_client
+                   warm worker starts: workers forked from a process that imported torch
   agent_events, expedite, store, _compat
                    the agent's event log, ending torch's last-call wait, store helpers,
                    torchrun's internals

@@ -206,7 +206,7 @@ def shorten_rendezvous_polls(handler):
             seconds = _SYNC_POLL_S[0]
         original(seconds)
 
-    delay.__trainsup_original__ = original
+    setattr(delay, "__trainsup_original__", original)
     dr._delay = delay
     return _SYNC_POLL_S[0]
 

@@ -122,7 +122,7 @@ def _warm_start(args: Any, settings: Dict[str, Any]) -> None:
     atexit.register(zygote.kill)
     # It says "listening" once its socket exists (before its imports): a worker asked for from
     # then on waits in its backlog. Anything else (it failed to start): workers start cold.
-    if zygote.stdout.readline().strip() != "listening":
+    if zygote.stdout is None or zygote.stdout.readline().strip() != "listening":
         print("[trainsup] the zygote did not start; workers start cold", file=sys.stderr, flush=True)
         return
     client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_client.py")

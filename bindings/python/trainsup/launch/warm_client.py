@@ -21,6 +21,8 @@ import signal
 import socket
 import sys
 
+__all__ = ["main"]
+
 
 def _fallback(script, args, why):
     sys.stderr.write(f"[trainsup] warm start unavailable ({why}); starting {script} cold\n")

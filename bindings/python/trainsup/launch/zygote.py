@@ -24,12 +24,16 @@ import argparse
 import array
 import ctypes
 import importlib
+import io
 import json
 import os
 import select
 import signal
 import socket
 import sys
+from typing import Dict, Optional, Tuple
+
+__all__ = ["serve", "main", "DEFAULT_IMPORTS"]
 
 DEFAULT_IMPORTS = ("torch,torch.distributed,torch.nn,torch.nn.parallel,torch.optim,torch._dynamo,"
                    "torch.distributed.checkpoint,trainsup,trainsup.checkpoint,trainsup.distributed")
@@ -90,7 +94,8 @@ def _become_worker(listener, conn, request, fds, inherited):
     script = os.path.abspath(argv[0])
     sys.path[0] = os.path.dirname(script)
     for stream in (sys.stdout, sys.stderr):
-        stream.reconfigure(write_through=True)  # python -u
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(write_through=True)  # python -u
     import runpy
     runpy.run_path(script, run_name="__main__")
     sys.exit(0)
@@ -112,9 +117,11 @@ def serve(path, imports):
             importlib.import_module(name.strip())
         except Exception as e:  # the worker imports it itself, cold
             print(f"[trainsup] zygote: could not import {name}: {e}", file=sys.stderr, flush=True)
-    running = {}  # pidfd -> [pid, the client's connection, or None once it is gone]
+    # pidfd -> (pid, the client's connection, or None once it is gone)
+    running: Dict[int, Tuple[int, Optional[socket.socket]]] = {}
     while True:
-        clients = {c.fileno(): (pidfd, c) for pidfd, (_, c) in running.items() if c is not None}
+        clients: Dict[int, Tuple[int, socket.socket]] = {c.fileno(): (pidfd, c) for pidfd, (_, c) in running.items()
+                                                          if c is not None}
         readable, _, _ = select.select([listener.fileno(), *clients, *running], [], [])
         for r in readable:
             if r == listener.fileno():
@@ -131,32 +138,32 @@ def serve(path, imports):
                 for fd in fds:
                     os.close(fd)
                 pidfd = os.pidfd_open(pid)
-                running[pidfd] = [pid, conn]
+                running[pidfd] = (pid, conn)
                 try:
                     conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 except OSError:
                     os.kill(pid, signal.SIGKILL)
             elif r in running:  # a worker ended: tell its client how
-                pid, conn = running.pop(r)
+                pid, client = running.pop(r)
                 os.close(r)
                 _, status = os.waitpid(pid, 0)
                 end = ({"signal": os.WTERMSIG(status)} if os.WIFSIGNALED(status)
                        else {"code": os.WEXITSTATUS(status)})
-                if conn is not None:
+                if client is not None:
                     try:
-                        conn.sendall(json.dumps(end).encode() + b"\n")
+                        client.sendall(json.dumps(end).encode() + b"\n")
                     except OSError:
                         pass
-                    conn.close()
+                    client.close()
             elif r in clients:  # a client's connection is readable only when it closed
-                pidfd, conn = clients[r]
+                pidfd, gone = clients[r]
                 if pidfd in running:
                     try:
                         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
                     except ProcessLookupError:
                         pass
-                    running[pidfd][1] = None  # its end is reaped through the pidfd
-                conn.close()
+                    running[pidfd] = (running[pidfd][0], None)  # its end is reaped through the pidfd
+                gone.close()
 
 
 def main():
