@@ -23,6 +23,7 @@ setting below, and in docs/comparison.md); where a threshold is chosen, it is 5 
   nvrx-inprocess  NVRx's in-process restart Wrapper (soft and heartbeat timeouts 5 s), no launcher
   torchft         Lighthouse + Manager as torchft's train_ddp.py, one replica group per host
   trainsup        trainsup-run with its defaults
+  trainsup-snapshots  the same with in-memory snapshots every 5 steps (docs/snapshots.md)
 
 Every system logs at INFO (LOGLEVEL=INFO for torchelastic, FT_LAUNCHER_LOGLEVEL=INFO for NVRx,
 logging.basicConfig(INFO) in torchft's job as in its train_ddp.py, RUST_LOG=info for its
@@ -427,7 +428,18 @@ class Torchft(System):
         return out
 
 
-SYSTEMS = {s.name: s for s in (Torchrun, TorchrunTuned, TorchrunTimer, Nvrx, NvrxInprocess, Torchft, Trainsup)}
+class TrainsupSnapshots(Trainsup):
+    """trainsup with in-memory snapshots every 5 steps held by the agents (docs/snapshots.md),
+    beside the disk checkpoints every 50 steps that every system has here."""
+    name = "trainsup-snapshots"
+
+    def env(self, host):
+        return dict(super().env(host), TRAINSUP_SNAPSHOT_EVERY_STEPS="5",
+                    TRAINSUP_SNAPSHOT_MEMORY=f"/dev/shm/trainsup-vs-{self.port}")
+
+
+SYSTEMS = {s.name: s for s in (Torchrun, TorchrunTuned, TorchrunTimer, Nvrx, NvrxInprocess, Torchft, Trainsup,
+                               TrainsupSnapshots)}
 
 
 # --- one case ----------------------------------------------------------------------------------
@@ -707,26 +719,28 @@ def main():
               f"{c['replayed_steps']} | {c['finished']}/{c['runs']}" + (f"  (errors: {c['errors']})" if c["errors"] else "")
               + (f"  (gave up: {c['gave_up']})" if c["gave_up"] else ""))
     ratios = {}
-    for fault in faults:
-        ours = cells.get(f"{fault}/trainsup")
+    for fault, ours_name in ((f, n) for n in ("trainsup", "trainsup-snapshots") for f in faults):
+        ours = cells.get(f"{fault}/{ours_name}")
+        prefix = "" if ours_name == "trainsup" else "snapshots."
         if not ours:
             continue
         for k in ("detect_s", "next_step_s"):
             mine = (ours.get(k) or {}).get("median")
             if mine is None:
                 continue
-            alts = [(name, cells[f"{fault}/{name}"]) for name in systems if name != "trainsup"]
+            alts = [(name, cells[f"{fault}/{name}"]) for name in systems if not name.startswith("trainsup")
+                    and f"{fault}/{name}" in cells]
             best = [(c[k]["median"], name) for name, c in alts if c.get(k) and c[k]["median"] is not None]
             if best:
                 v, who = min(best)
-                ratios[f"{fault}.{k}"] = {"ratio": round(mine / max(v, 1e-3), 3), "best_alternative": who}
+                ratios[f"{prefix}{fault}.{k}"] = {"ratio": round(mine / max(v, 1e-3), 3), "best_alternative": who}
             if k == "next_step_s":
                 world = statistics.median([w for w in ours["world_after"] if w is not None] or [0])
                 same = [(c[k]["median"], name) for name, c in alts if c.get(k) and c[k]["median"] is not None
                         and statistics.median([w for w in c["world_after"] if w is not None] or [0]) == world]
                 if same:
                     v, who = min(same)
-                    ratios[f"{fault}.{k}.same_world"] = {"ratio": round(mine / max(v, 1e-3), 3), "best_alternative": who,
+                    ratios[f"{prefix}{fault}.{k}.same_world"] = {"ratio": round(mine / max(v, 1e-3), 3), "best_alternative": who,
                                                          "world": world}
     if a.workdir is None:
         shutil.rmtree(root, ignore_errors=True)

@@ -36,7 +36,7 @@ import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
-LIMITS_S = {"tracking": 60, "abort": 90, "nvml": 60, "snapshot": 150}  # 360 s in all, plus the build
+LIMITS_S = {"tracking": 60, "abort": 90, "nvml": 60, "snapshot": 150, "warm": 60}  # 420 s in all, plus the build
 ABORT_BUDGET_S = 3.0        # the fixed all-reduce budget the abort check's coordinator uses
 ABORT_EXIT_WITHIN_S = 10.0  # stated: the rank exits this soon after the verdict
 ABORT_KERNEL_S = 8.0        # the kernel the abort check's all-reduce waits behind (GPU)
@@ -533,10 +533,68 @@ def judge_snapshot(r, cpu):
 
 
 # ---------------------------------------------------------------- harness
+# ---------------------------------------------------------------- warm worker start
+WARM_WORKER = """
+import json, os, sys, time
+import torch
+out = {"pid": os.getpid(), "cuda": torch.cuda.is_available()}
+if out["cuda"]:
+    x = torch.ones(1 << 20, device="cuda")
+    out["sum"] = float(x.sum())
+    out["device"] = torch.cuda.get_device_name(0)
+print("WARM " + json.dumps(out), flush=True)
+"""
+
+
+def child_warm(cpu):
+    """A worker forked from trainsup-run's zygote (trainsup/launch/zygote.py), which imported
+    torch, torch._dynamo and trainsup first, must be able to use CUDA: the zygote must not have
+    initialised the CUDA driver. Also times the warm start against a cold one."""
+    from trainsup.launch import zygote as _z
+    d = tempfile.mkdtemp(prefix="gpu-check-warm-")
+    sock = os.path.join(d, "z.sock")
+    script = os.path.join(d, "worker.py")
+    with open(script, "w") as f:
+        f.write(WARM_WORKER)
+    z = subprocess.Popen([sys.executable, "-m", "trainsup.launch.zygote", sock], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    client = os.path.join(os.path.dirname(os.path.abspath(_z.__file__)), "warm_client.py")
+    try:
+        ready = z.stdout.readline().strip()
+        runs = {}
+        # The first warm start also waits for the zygote's imports; the second is the one timed.
+        for kind, cmd in (("first", [sys.executable, "-u", client, sock, script]),
+                          ("warm", [sys.executable, "-u", client, sock, script]),
+                          ("cold", [sys.executable, "-u", script])):
+            t0 = time.monotonic()
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+            took = time.monotonic() - t0
+            line = [x for x in p.stdout.splitlines() if x.startswith("WARM ")]
+            runs[kind] = {"rc": p.returncode, "seconds": round(took, 3),
+                          "out": json.loads(line[-1][5:]) if line else None, "stderr": p.stderr[-800:]}
+        z.kill()
+        zygote_err = z.communicate(timeout=10)[1][-800:]
+    finally:
+        if z.poll() is None:
+            z.kill()
+        shutil.rmtree(d, ignore_errors=True)
+    result(ready=ready, runs=runs, zygote_stderr=zygote_err, cold_fallback="start cold" in runs["warm"]["stderr"])
+
+
+def judge_warm(r, cpu):
+    w, c = r["runs"]["warm"], r["runs"]["cold"]
+    ok = r["ready"] == "listening" and w["rc"] == 0 and c["rc"] == 0 and w["out"] and not r["cold_fallback"]
+    if not cpu:
+        ok = ok and w["out"].get("cuda") and w["out"].get("sum") == float(1 << 20)
+    return bool(ok), (f"warm worker rc {w['rc']} in {w['seconds']} s (cold {c['seconds']} s), CUDA in the forked "
+                      f"worker: {w['out'] and w['out'].get('cuda')}, fell back to cold: {r['cold_fallback']}; "
+                      f"zygote said: {r['zygote_stderr'].strip()[-200:]}")
+
+
 CHILDREN = {"tracking": child_tracking, "abort": child_abort, "abort_rank": child_abort_rank, "nvml": child_nvml,
-            "snapshot": child_snapshot}
+            "snapshot": child_snapshot, "warm": child_warm}
 JUDGES = {"tracking": lambda r, cpu: judge_tracking(r), "abort": judge_abort, "nvml": judge_nvml,
-          "snapshot": judge_snapshot}
+          "snapshot": judge_snapshot, "warm": judge_warm}
 
 
 def run_child(name, cpu, out):
@@ -619,7 +677,7 @@ def main():
     report = {"mode": "cpu-rehearsal (proves the script, not the GPU path)" if a.rehearse_cpu else "gpu",
               "gpu_found": not a.rehearse_cpu, "environment": environment(a.rehearse_cpu),
               "build_s": a.build_seconds, "checks": {}}
-    names = a.only.split(",") if a.only else ["nvml", "tracking", "abort", "snapshot"]
+    names = a.only.split(",") if a.only else ["nvml", "tracking", "abort", "snapshot", "warm"]
     for name in names:
         print(f"[gpu-check] {name} ...", file=sys.stderr, flush=True)
         report["checks"][name] = run_child(name, a.rehearse_cpu, a.out)

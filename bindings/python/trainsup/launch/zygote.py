@@ -101,6 +101,18 @@ def _become_worker(listener, conn, request, fds, inherited):
     sys.exit(0)
 
 
+def _cuda_driver_loaded() -> str:
+    """The CUDA driver library's path if this process has loaded it, else ""."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libcuda.so" in line:
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return ""
+
+
 def serve(path, imports):
     # Listening before the imports: a worker asked for meanwhile waits in the backlog for them
     # (no longer than a cold start would take), and the agent knows the socket is there.
@@ -112,11 +124,23 @@ def serve(path, imports):
     listener.bind(path)
     listener.listen(64)
     print("listening", flush=True)
+    # A process that has initialised the CUDA driver cannot fork workers that use CUDA. Nothing
+    # here should (importing torch does not); torch.cuda.is_available(), which an imported module
+    # may call, asks NVML instead of the driver with this set.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     for name in filter(None, imports.split(",")):
         try:
             importlib.import_module(name.strip())
         except Exception as e:  # the worker imports it itself, cold
             print(f"[trainsup] zygote: could not import {name}: {e}", file=sys.stderr, flush=True)
+    loaded = _cuda_driver_loaded()
+    if loaded:
+        # Refuse rather than fork broken workers: each worker's client then starts it cold.
+        print(f"[trainsup] zygote: the CUDA driver ({loaded}) was loaded while importing {imports}; "
+              "forked workers could not use CUDA, so workers start cold", file=sys.stderr, flush=True)
+        listener.close()
+        os.unlink(path)
+        return
     # pidfd -> (pid, the client's connection, or None once it is gone)
     running: Dict[int, Tuple[int, Optional[socket.socket]]] = {}
     while True:
