@@ -109,6 +109,9 @@ class SnapshotService:
         self.dir = os.path.join(memory, _safe(run_id), _safe(node))
         self.max_bytes = int(max_bytes)
         self._event = on_event or (lambda name, **f: None)
+        # Memory outlives the workers, not the agent: what a directory of this name holds from an
+        # earlier agent (a job that reused the run id, an agent that was killed) is not this job's.
+        shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir, exist_ok=True)
         self.token = first_set(store, self._key("token"), secrets.token_hex(16))
         self._round: Optional[Tuple[int, int, int]] = None  # (round, group rank, group world)
@@ -148,6 +151,10 @@ class SnapshotService:
         self._server.shutdown()
         self._server.server_close()
         shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            os.rmdir(os.path.dirname(self.dir))  # the run's directory, once no host of it is left here
+        except OSError:
+            pass
 
     # --- helpers ---
     def _key(self, *parts: str) -> str:
