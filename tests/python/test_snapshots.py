@@ -226,3 +226,28 @@ def test_the_report_says_where_each_incident_was_restored_from():
     text = report.text_report(a, report.timeline(agents, ranks, []))
     assert "restored from memory (1 rank(s) from a peer host's copy)" in text
     assert "restored from disk, not memory: step-00000000000000000295: no verified copy" in text
+
+
+def test_a_cpp_trainer_resumes_from_its_hosts_memory_after_a_crash(tmp_path):
+    """C++ trainers get the memory tier from the same settings (Supervisor::maybeCheckpoint and
+    restore): the example trainer, killed (-9) mid-run with no disk checkpoint yet, resumes from
+    the newest snapshot in its host's memory."""
+    import subprocess
+    trainer = os.environ.get("TRAINSUP_EXAMPLE_TRAIN")
+    if not trainer or not os.path.exists(trainer):
+        pytest.skip("the C++ example trainer was not built (TRAINSUP_WITH_TORCH=OFF)")
+    env = dict(os.environ, TRAINSUP_LOG_DIR=str(tmp_path / "logs"), TRAINSUP_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+               TRAINSUP_LOG_STDERR="0", TRAINSUP_SNAPSHOT_EVERY_STEPS="5", TRAINSUP_SNAPSHOT_DIR=str(tmp_path / "shm"),
+               TRAINSUP_SNAPSHOT_REPLICAS="0", TRAINSUP_JOB_ID="cpp")
+    crashed = subprocess.run([trainer, "--steps", "40", "--hidden", "32", "--step-sleep-ms", "20", "--crash-at-step",
+                              "23"], env=env, capture_output=True, text=True, timeout=120)
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    events = [json.loads(line) for p in glob.glob(str(tmp_path / "logs" / "*.events.jsonl")) for line in open(p)]
+    newest = max(e["step"] for e in events if e["event"] == "snapshot_committed")
+    assert newest >= 15 and not os.path.exists(tmp_path / "ckpt" / ("step-%020d" % newest))
+    again = subprocess.run([trainer, "--steps", "40", "--hidden", "32"], env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    events = [json.loads(line) for p in glob.glob(str(tmp_path / "logs" / "*.events.jsonl")) for line in open(p)]
+    restored = [e for e in events if e["event"] == "checkpoint_restored"]
+    assert [(e["step"], e["tier"], e["source"]) for e in restored] == [(newest, "memory", "local")]
