@@ -125,3 +125,19 @@ def test_a_store_written_in_python_can_be_peeked_directly():
     store = GatedStore()
     assert peek(store, "k") is None
     assert compare_set(store, "k", "", "v") == b"v" and peek(store, "k") == "v"
+
+
+def test_a_newer_in_memory_snapshot_is_progress(tmp_path):
+    """Snapshots every few steps and the disk every 10 minutes: restarts whose newest snapshot
+    moved are not restarts without progress, though the disk's checkpoint did not move."""
+    store = dist.PrefixStore("trainsup/", dist.HashStore())
+    snapshot = {"step": 100}
+    guard = RestartGuard(store, "run1", str(tmp_path / "no-checkpoints"), max_restarts=20,
+                         max_restarts_without_progress=1, events=Events(), memory_step=lambda: snapshot["step"])
+    for failed_round in range(4):
+        snapshot["step"] += 50
+        assert guard.account(failed_round) is None, failed_round
+    assert guard.events.lines[-1]["newest_checkpoint_step"] == 300
+    # The snapshots stop moving: the cap applies as before.
+    assert guard.account(4) is None
+    assert guard.account(5) == "2 restarts without a newer checkpoint (cap 1)"

@@ -65,7 +65,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                           commands=settings["quarantine_commands"],
                                           preflight_command=settings.get("preflight_command"))
         self.restarts = RestartGuard(self.store, inner.get_run_id(), settings["checkpoint_dir"],
-                                     settings["max_restarts"], settings["max_restarts_without_progress"], self.events)
+                                     settings["max_restarts"], settings["max_restarts_without_progress"], self.events,
+                                     memory_step=lambda: self.snapshots.newest_step())
         self.gpu_faults = GpuFaultJudge(self.store, inner.get_run_id(), self.node)
         self.services = None
         self.round = None

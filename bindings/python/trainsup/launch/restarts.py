@@ -1,7 +1,7 @@
 """The launcher's restart policy: restarts are counted for the whole job in the rendezvous
 store, and a job that restarts more than TRAINSUP_MAX_RESTARTS times, or
-TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS times in a row without the newest valid checkpoint
-moving, gives up with EXIT_DO_NOT_REQUEUE (96): a fault that recurs on every host (user code,
+TRAINSUP_MAX_RESTARTS_WITHOUT_PROGRESS times in a row without the newest valid checkpoint (on
+disk, or an in-memory snapshot this host holds) moving, gives up with EXIT_DO_NOT_REQUEUE (96): a fault that recurs on every host (user code,
 a bad checkpoint) must not burn the allocation."""
 import json
 import time
@@ -37,8 +37,13 @@ class RestartGuard:
     DECISION_WAIT_S = 30.0
     POLL_S = 0.1
 
-    def __init__(self, store, run_id, checkpoint_dir, max_restarts, max_restarts_without_progress, events):
+    def __init__(self, store, run_id, checkpoint_dir, max_restarts, max_restarts_without_progress, events,
+                 memory_step=None):
         self.store, self.run_id, self.checkpoint_dir = store, run_id, checkpoint_dir
+        # The newest in-memory snapshot this host holds (SnapshotService.newest_step): progress
+        # too, or a job that snapshots every few steps and writes to disk every 10 minutes
+        # would be taken for stuck after a few quick failures.
+        self.memory_step = memory_step
         self.max_restarts, self.max_restarts_without_progress = max_restarts, max_restarts_without_progress
         self.events = events
 
@@ -49,6 +54,11 @@ class RestartGuard:
         """This agent's decision for the round, from the job's counters (changes nothing)."""
         restarts = int(peek(self.store, self._key()) or 0) + 1
         step = newest_valid_step(self.checkpoint_dir)
+        if self.memory_step is not None:
+            try:
+                step = max(step, int(self.memory_step()))
+            except Exception:  # no memory figure: the disk's alone, as before snapshots
+                pass
         last = peek(self.store, self._key("progress"))
         stuck = int(peek(self.store, self._key("stuck")) or 0) + 1 if last is not None and int(last) >= step else 0
         return {"restarts": restarts, "step": step, "stuck": stuck}

@@ -146,6 +146,19 @@ class SnapshotService:
         with self._lock:
             self._round = (int(round_), int(group_rank), int(group_world))
 
+    def newest_step(self) -> int:
+        """The newest snapshot step whose manifest this host holds (committed), or -1."""
+        steps = []
+        for name in os.listdir(self.dir):
+            m = re.match(r"^step-(\d{20})$", name)
+            if m and os.path.exists(os.path.join(self.dir, name, "MANIFEST.json")):
+                try:
+                    _trainsup.read_manifest(os.path.join(self.dir, name))
+                except Exception:
+                    continue
+                steps.append(int(m.group(1)))
+        return max(steps, default=-1)
+
     def close(self) -> None:
         """Stops serving and frees this host's snapshot memory (the agent is leaving the job)."""
         self._server.shutdown()
