@@ -66,7 +66,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                           preflight_command=settings.get("preflight_command"))
         self.restarts = RestartGuard(self.store, inner.get_run_id(), settings["checkpoint_dir"],
                                      settings["max_restarts"], settings["max_restarts_without_progress"], self.events,
-                                     memory_step=lambda: self.snapshots.newest_step())
+                                     memory_step=self._newest_snapshot_step)
         self.gpu_faults = GpuFaultJudge(self.store, inner.get_run_id(), self.node)
         self.services = None
         self.round = None
@@ -97,6 +97,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                          settings["advertise"], memory=settings.get("snapshot_memory", DEFAULT_MEMORY),
                                          max_bytes=settings.get("snapshot_max_bytes", 0),
                                          on_event=lambda name, **f: self.events.write(name, round=self.round, **f))
+
+    def _newest_snapshot_step(self):
+        return self.snapshots.newest_step()
 
     # --- RendezvousHandler ---
     def get_backend(self):
