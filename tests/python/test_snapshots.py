@@ -251,3 +251,29 @@ def test_a_cpp_trainer_resumes_from_its_hosts_memory_after_a_crash(tmp_path):
     events = [json.loads(line) for p in glob.glob(str(tmp_path / "logs" / "*.events.jsonl")) for line in open(p)]
     restored = [e for e in events if e["event"] == "checkpoint_restored"]
     assert [(e["step"], e["tier"], e["source"]) for e in restored] == [(newest, "memory", "local")]
+
+
+def test_an_agent_killed_outright_leaves_no_snapshot_memory_behind(tmp_path):
+    """The janitor (a child the kernel signals when the agent dies) frees the host's snapshot
+    memory: a killed agent must not leave gigabytes in /dev/shm until the next reboot."""
+    import subprocess
+    import time
+    code = ("import sys, torch.distributed as dist\n"
+            "from trainsup.launch.snapshots import SnapshotService\n"
+            "s = SnapshotService(dist.PrefixStore('trainsup/', dist.HashStore()), 'job', 'hx', '127.0.0.1', "
+            "'127.0.0.1', memory=sys.argv[1])\n"
+            "open(s.dir + '/held', 'w').write('x' * 4096)\n"
+            "print(s.dir, flush=True)\n"
+            "sys.stdin.read()\n")
+    from ranks import python_path
+    agent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "shm")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=python_path()))
+    held = agent.stdout.readline().strip()
+    assert os.path.exists(os.path.join(held, "held"))
+    agent.kill()
+    agent.wait()
+    deadline = time.monotonic() + 30
+    while os.path.exists(held) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the janitor is another process: poll its effect, bounded by the deadline
+    assert not os.path.exists(held)
+    assert not os.path.exists(os.path.dirname(held))  # the run's directory too, as no host is left

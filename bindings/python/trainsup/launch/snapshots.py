@@ -32,7 +32,10 @@ import re
 import secrets
 import shutil
 import socket
+import signal
 import socketserver
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -113,6 +116,11 @@ class SnapshotService:
         # earlier agent (a job that reused the run id, an agent that was killed) is not this job's.
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir, exist_ok=True)
+        # Should the agent die without close() (killed, out of memory), a janitor frees the
+        # memory: a small process that the kernel signals when the agent dies (PR_SET_PDEATHSIG).
+        self._janitor = subprocess.Popen([sys.executable, "-m", "trainsup.launch.snapshots", "--janitor", self.dir,
+                                          str(os.getpid())],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
         self.token = first_set(store, self._key("token"), secrets.token_hex(16))
         self._round: Optional[Tuple[int, int, int]] = None  # (round, group rank, group world)
         self._peer: Optional[Tuple[int, Optional[str]]] = None  # (round, host) once looked up
@@ -163,11 +171,10 @@ class SnapshotService:
         """Stops serving and frees this host's snapshot memory (the agent is leaving the job)."""
         self._server.shutdown()
         self._server.server_close()
-        shutil.rmtree(self.dir, ignore_errors=True)
-        try:
-            os.rmdir(os.path.dirname(self.dir))  # the run's directory, once no host of it is left here
-        except OSError:
-            pass
+        _free(self.dir)
+        if self._janitor.poll() is None:
+            self._janitor.kill()
+            self._janitor.wait()
 
     # --- helpers ---
     def _key(self, *parts: str) -> str:
@@ -367,5 +374,36 @@ class SnapshotService:
         raise _Refused("not_found", f"no verified copy of {file} on " + "; ".join(reasons))
 
 
+def _free(path: str) -> None:
+    """Removes a host's snapshot memory, and the run's directory once no host of it is left."""
+    shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(path))
+    except OSError:
+        pass
+
+
+def _janitor(path: str, agent_pid: int) -> None:
+    """Waits for the agent that started it to die, then frees `path` (see SnapshotService)."""
+    import ctypes
+    freed = threading.Event()
+
+    def on_death(*_: Any) -> None:
+        _free(path)
+        freed.set()
+
+    signal.signal(signal.SIGTERM, on_death)
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != agent_pid:  # the agent died before the line above (reparented)
+        on_death()
+    while not freed.is_set():
+        signal.pause()
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "_"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--janitor":
+        _janitor(sys.argv[2], int(sys.argv[3]))
