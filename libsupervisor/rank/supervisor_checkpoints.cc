@@ -143,6 +143,11 @@ Result<Checkpointer::Outcome> Supervisor::saveCheckpointNow(int64_t step, const 
   return r;
 }
 
+bool Supervisor::snapshotOutstanding() const {
+  return (impl_->checkpointer && impl_->checkpointer->snapshotOutstanding()) ||
+         (impl_->snapshots && impl_->snapshots->snapshotOutstanding());
+}
+
 Status Supervisor::awaitSnapshot() {
   // Called every step by guarded optimizers: enter the section only when there is a copy to
   // wait for, so that the "checkpoint" budget is learned from real snapshots.

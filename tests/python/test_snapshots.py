@@ -277,3 +277,27 @@ def test_an_agent_killed_outright_leaves_no_snapshot_memory_behind(tmp_path):
         time.sleep(0.05)  # the janitor is another process: poll its effect, bounded by the deadline
     assert not os.path.exists(held)
     assert not os.path.exists(os.path.dirname(held))  # the run's directory too, as no host is left
+
+
+def test_an_overlapped_snapshot_keeps_what_it_copies_alive_until_awaited(tmp_path, monkeypatch):
+    """With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped the memory tier copies after save() returns,
+    from buffers the Python collect made (RNG states, the skeleton): they must stay referenced
+    until await_snapshot(), and the snapshot restores what was saved."""
+    import torch
+    import trainsup
+    monkeypatch.setenv("TRAINSUP_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("TRAINSUP_LOG_STDERR", "0")
+    settings = dict(snapshot_every_steps=1, snapshot_dir=str(tmp_path / "shm"), snapshot_replicas=0,
+                    checkpoint_snapshot="overlapped", checkpoint_interval_s=0, checkpoint_dir=str(tmp_path / "disk"),
+                    job_id="overlap")
+    w = torch.arange(1 << 20, dtype=torch.float32)
+    with trainsup.Supervisor(**settings) as sup:
+        state = {"w": w.clone(), "next_step": 4}
+        sup.maybe_checkpoint(3, state)  # its outcome is the disk tier's (not due); the snapshot is taken
+        assert sup._sup.snapshot_outstanding and sup._snapshot_alive is not None
+        sup.await_snapshot()
+        assert not sup._sup.snapshot_outstanding and sup._snapshot_alive is None
+    with trainsup.Supervisor(**settings) as sup:
+        restored = {"w": torch.zeros_like(w), "next_step": 0}
+        assert sup.restore(restored) == 3
+        assert torch.equal(restored["w"], w) and restored["next_step"] == 4

@@ -656,10 +656,7 @@ void bindRank(py::module_& m) {
         }
         return st.isOk() ? std::string() : st.toString();
       })
-      .def_property_readonly("snapshot_outstanding", [](Supervisor& s) {
-        auto c = s.checkpointer();
-        return c.isOk() && (*c)->snapshotOutstanding();
-      })
+      .def_property_readonly("snapshot_outstanding", [](Supervisor& s) { return s.snapshotOutstanding(); })
       .def_property_readonly("host", [](Supervisor& s) { return s.identity().host; })
       .def_property_readonly("rank", [](Supervisor& s) { return s.identity().rank; })
       .def_property_readonly("world_size", [](Supervisor& s) { return s.identity().world_size; })

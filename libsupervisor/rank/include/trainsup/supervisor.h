@@ -129,6 +129,10 @@ class TRAINSUP_EXPORT Supervisor {
   // (before the optimizer step); waits for the snapshot copy (timed as section "checkpoint").
   // OK at once when no snapshot is outstanding or checkpoints are not set up.
   Status awaitSnapshot();
+  // Whether an overlapped snapshot of either tier (disk checkpoint or in-memory snapshot) is
+  // still copying the buffers its collect callback returned: keep them alive until
+  // awaitSnapshot(). Training thread.
+  bool snapshotOutstanding() const;
   // Restores the newest valid checkpoint (timed as section "restore"); nullopt when none.
   // With snapshots: the newest snapshot every rank can get (from this host's memory, else a
   // peer's copy), unless the disk holds a newer checkpoint; when no snapshot can be restored,
