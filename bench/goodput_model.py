@@ -40,9 +40,10 @@ Inputs (all optional; every default says where it comes from):
                         detection + 2 s), snapshot commit lag --target-snapshot-lag-s (1 s),
                         detection as measured for the old design.
   --scale-json PATH     per-host-count measurements of the costs that grow with the hosts (shape
-                        below), fitted linear and logarithmic in hosts, extrapolated to N / 8
-                        hosts; the larger of the two fits is used. Without it the scale costs are
-                        not included (restart and detection as measured on 2-3 simulated hosts).
+                        below), fitted linear, logarithmic and quadratic in hosts, extrapolated to
+                        N / 8 hosts; the best-fitting of the three (least rms) is used, never below
+                        the linear one. Without it the scale costs are not included (restart and
+                        detection as measured on 2-3 simulated hosts).
     {"measured_hosts": 2,            # hosts of the incident measurement (recovery_bench: 2 after
                                      # the fault; default 2)
      "points": [{"hosts": 2, "rendezvous_s": 1.2, "store_ops_per_round": 150,
@@ -154,8 +155,10 @@ def mttf_at(gpus, anchor_gpus, anchor_h):
 
 # --- Fits for the costs that grow with the hosts ------------------------------------------------
 def fit(xs, ys, kind):
-    """Least squares y = a + b * f(x), f = identity ("linear") or ln ("log"). Returns (a, b, rms)."""
-    f = (lambda x: x) if kind == "linear" else math.log
+    """Least squares y = a + b * f(x), f = identity ("linear"), ln ("log") or the square
+    ("quadratic": a protocol whose every node repeats work that grows with the nodes, as torch's
+    compare-and-set rendezvous does, bench/rendezvous_bench.py). Returns (a, b, rms)."""
+    f = FIT_FUNCS[kind]
     us = [f(x) for x in xs]
     n = len(us)
     mu, my = sum(us) / n, sum(ys) / n
@@ -166,9 +169,12 @@ def fit(xs, ys, kind):
     return a, b, rms
 
 
+FIT_FUNCS = {"linear": lambda x: x, "log": math.log, "quadratic": lambda x: x * x}
+
+
 def predict(model, x, kind):
     a, b, _ = model
-    return a + b * (x if kind == "linear" else math.log(x))
+    return a + b * FIT_FUNCS[kind](x)
 
 
 SCALE_METRICS = ("rendezvous_s", "store_ops_per_round", "coordinator_cpu_s_per_s")
@@ -182,16 +188,22 @@ def scale_model(doc):
         if len({h for h, _ in pts}) < 2:
             continue
         xs, ys = [h for h, _ in pts], [y for _, y in pts]
-        fits[metric] = {"hosts": xs, "values": ys, "linear": fit(xs, ys, "linear"), "log": fit(xs, ys, "log")}
+        fits[metric] = {"hosts": xs, "values": ys, **{kind: fit(xs, ys, kind) for kind in FIT_FUNCS}}
     measured = float(doc.get("measured_hosts", 2)) if isinstance(doc, dict) else 2.0
-    return {"fits": fits, "measured_hosts": measured}
+    source = doc.get("source", "") if isinstance(doc, dict) else ""
+    return {"fits": fits, "measured_hosts": measured, "source": source,
+            "estimated_points": sum(1 for p in points if p.get("estimated"))}
 
 
 def extrapolate(model, metric, hosts):
-    """The larger of the linear and the log fit at `hosts` (the conservative one), and which."""
+    """The value at `hosts` of the fit that describes the points best (least rms of linear, log
+    and quadratic), but never below the linear fit's (a cost seen growing is not assumed to
+    flatten beyond the points), and which fit gave it. The largest of the three would be
+    meaningless: a quadratic through points that lie on a line still bends up far beyond them."""
     f = model["fits"][metric]
-    lin, log = predict(f["linear"], hosts, "linear"), predict(f["log"], hosts, "log")
-    return (lin, "linear") if lin >= log else (log, "log")
+    best = min(FIT_FUNCS, key=lambda kind: f[kind][2])
+    lin, at_best = predict(f["linear"], hosts, "linear"), predict(f[best], hosts, best)
+    return (at_best, best) if at_best > lin else (lin, "linear")
 
 
 FIT_KEYS = (("rendezvous_s", "rendezvous_fit"), ("store_ops_per_round", "store_ops_fit"),
@@ -435,10 +447,15 @@ def main(argv=None):
         print("  scale costs NOT included (no --scale-json): restart and detection are taken as measured on 2-3 "
               "simulated hosts of one machine, assumed independent of the job's size")
     else:
+        if scale["estimated_points"]:
+            print(f"  scale: {scale['estimated_points']} of the points are a model's estimates, not measurements"
+                  + (f" ({scale['source']})" if scale["source"] else ""))
         for metric, f in scale["fits"].items():
-            lin, log = f["linear"], f["log"]
+            lin, log, quad = f["linear"], f["log"], f["quadratic"]
             print(f"  scale: {metric} at hosts {[int(h) for h in f['hosts']]}: linear {lin[0]:.4g} + {lin[1]:.4g} * hosts "
-                  f"(rms {lin[2]:.3g}), log {log[0]:.4g} + {log[1]:.4g} * ln(hosts) (rms {log[2]:.3g}); the larger is used")
+                  f"(rms {lin[2]:.3g}), log {log[0]:.4g} + {log[1]:.4g} * ln(hosts) (rms {log[2]:.3g}), "
+                  f"quadratic {quad[0]:.4g} + {quad[1]:.4g} * hosts^2 (rms {quad[2]:.3g}); the best (least rms) is used, "
+                  f"never below the linear")
         print(f"    extrapolated from <= {int(max(max(f['hosts']) for f in scale['fits'].values()))} hosts to "
               f"{', '.join(str(int(g / a.gpus_per_host)) for g in gpus_list)} hosts ({a.gpus_per_host} GPUs each); "
               f"the restart grows by the extrapolated rendezvous beyond {scale['measured_hosts']:g} hosts"

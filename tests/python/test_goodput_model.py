@@ -126,6 +126,14 @@ def test_scale_fits_and_extrapolation(tmp_path, capsys):
     assert kind == "linear" and value == pytest.approx(1 + 0.01 * 2048)
     costs = gm.scale_costs(model, 2048, None)
     assert costs["restart_add_s"] == pytest.approx(0.01 * (2048 - 2))
+    # A cost that grows with the square of the hosts (every node repeating O(hosts) work) is
+    # extrapolated as one; a flattening (log) cost never below its linear fit.
+    quad = {"points": [{"hosts": h, "rendezvous_s": 0.2 + 0.002 * h * h} for h in hosts]}
+    value, kind = gm.extrapolate(gm.scale_model(quad), "rendezvous_s", 2048)
+    assert kind == "quadratic" and value == pytest.approx(0.2 + 0.002 * 2048 ** 2)
+    flat = gm.scale_model({"points": [{"hosts": h, "rendezvous_s": 1 + math.log(h)} for h in hosts]})
+    value, kind = gm.extrapolate(flat, "rendezvous_s", 2048)
+    assert kind == "linear" and value == pytest.approx(gm.predict(flat["fits"]["rendezvous_s"]["linear"], 2048, "linear"))
     assert costs["coordinator_saturated"] is True
     path = tmp_path / "scale.json"
     path.write_text(json.dumps(doc))
