@@ -72,6 +72,78 @@ def test_a_dead_node_is_evicted_by_another_and_the_round_ends_for_the_survivor(t
     assert not st.participants and not st.wait_list
 
 
+class _ScriptedBackend:
+    """A rendezvous backend whose compare-and-set loses while `lose` is positive."""
+    name = "scripted"
+
+    def __init__(self, lose):
+        self.lose, self.value, self.token, self.calls = lose, b"v0", 0, []
+
+    def get_state(self):
+        self.calls.append("get")
+        return self.value, self.token
+
+    def set_state(self, state, token=None):
+        self.calls.append("set")
+        if self.lose > 0:
+            self.lose -= 1
+            self.token += 1
+            self.value = f"v{self.token}".encode()  # another node's write
+            return self.value, self.token, False
+        self.token += 1
+        self.value = state
+        return state, self.token, True
+
+
+def test_a_lost_rendezvous_write_backs_off_and_retries_against_fresh_state():
+    backend = _ScriptedBackend(lose=2)
+    handler = SimpleNamespace(_state_holder=SimpleNamespace(_backend=backend))
+    wrapper = compat.damp_rendezvous_contention(handler, base_s=0.001)
+    assert handler._state_holder._backend is wrapper and wrapper.name == "scripted"
+    assert compat.damp_rendezvous_contention(handler) is wrapper  # applied once
+    lost = wrapper.set_state(b"mine", 0)
+    # The answer is the state read after the wait (the store's current value), not ours.
+    assert lost == (b"v1", 1, False) and backend.calls == ["set", "get"] and wrapper.backoffs == 1
+    assert wrapper.set_state(b"mine", 1)[2] is False and wrapper.backoffs == 2
+    assert wrapper.set_state(b"mine", 2) == (b"mine", 3, True)
+    assert backend.value == b"mine" and wrapper._losses == 0  # a win resets the window
+    assert compat.damp_rendezvous_contention(SimpleNamespace()) is None
+
+
+def test_many_nodes_with_backoff_still_form_one_round_with_every_rank():
+    """The backoff changes only the pace of torch's writes: 12 nodes joining at once get one
+    round, ranks 0..11 each once, and a restart (every node leaves and joins again) too."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    n = 12
+    endpoint = f"127.0.0.1:{free_port()}"
+    make = compat.inner_handler_factory("c10d")
+    handlers = [make(RendezvousParameters(backend="c10d", endpoint=endpoint, run_id="backoff", min_nodes=n,
+                                          max_nodes=n, join_timeout="60")) for _ in range(n)]
+    wrappers = []
+    for h in handlers:
+        compat.shorten_rendezvous_polls(h)
+        wrappers.append(compat.damp_rendezvous_contention(h))
+    try:
+        for round_no in range(2):
+            results = [None] * n
+
+            def join(i):
+                results[i] = compat.unpack_rendezvous(handlers[i].next_rendezvous())
+
+            threads = [threading.Thread(target=join, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(90)
+            assert all(results), f"round {round_no}: only {sum(1 for r in results if r)} of {n} nodes returned"
+            assert sorted(r[1] for r in results) == list(range(n)) and {r[2] for r in results} == {n}
+            assert {compat.round_of(h) for h in handlers} == {round_no}
+    finally:
+        for h in handlers:
+            h._stop_heartbeats()
+
+
 def test_expedite_ends_the_last_call_wait_of_a_round_that_has_everyone_it_can_get():
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 

@@ -211,6 +211,66 @@ def shorten_rendezvous_polls(handler):
     return _SYNC_POLL_S[0]
 
 
+class _BackoffBackend:
+    """A rendezvous backend that backs off after a lost compare-and-set (see
+    damp_rendezvous_contention). Everything else is the wrapped backend's."""
+
+    def __init__(self, inner, base_s, cap_s):
+        import random
+        self._inner = inner
+        self._base_s, self._cap_s = base_s, cap_s
+        self._losses = 0  # consecutive lost writes of this node
+        self._random = random.Random()
+        self.backoffs = 0  # lost writes followed by a wait (for tests and the bench)
+
+    @property
+    def name(self):
+        return self._inner.name
+
+    def get_state(self):
+        return self._inner.get_state()
+
+    def set_state(self, state, token=None):
+        import time
+        result = self._inner.set_state(state, token)
+        if result is None or result[2]:
+            self._losses = 0
+            return result
+        # Lost: another node wrote first. Wait a random part of a window that doubles with
+        # each consecutive loss ("full jitter"), then answer with the state as it is after the
+        # wait, so that the retry is made against fresh state, not the one that lost.
+        self._losses += 1
+        self.backoffs += 1
+        time.sleep(self._random.uniform(0.0, min(self._cap_s, self._base_s * 2 ** self._losses)))
+        fresh = self._inner.get_state()
+        if fresh is None:
+            return result
+        return fresh[0], fresh[1], False
+
+
+def damp_rendezvous_contention(handler, base_s=0.001):
+    """torch's dynamic rendezvous keeps the whole state (participants, wait list, heartbeats:
+    O(nodes) bytes) in one value that every node changes by compare-and-set. A node whose write
+    loses gets the new state back and writes again at once, so when N nodes join or leave
+    together (every restart) each winning write is followed by up to N-1 lost ones: O(N^2)
+    store operations carrying O(N) bytes each (bench/rendezvous_bench.py measures it: at 128
+    nodes a restart round moved 121 MB). Here a node that loses waits a random time in a window
+    that starts at `base_s` and doubles with each consecutive loss, capped at the rendezvous
+    poll interval (shorten_rendezvous_polls, which runs first), before it reads the state again
+    and retries. The state machine and its writes are torch's: only their pace changes. Returns
+    the wrapper (its .backoffs counts the waits), or None where the handler has no backend to
+    wrap."""
+    holder = getattr(handler, "_state_holder", None)
+    backend = getattr(holder, "_backend", None)
+    if backend is None:
+        return None
+    if isinstance(backend, _BackoffBackend):
+        return backend
+    wrapper = _BackoffBackend(backend, base_s, _SYNC_POLL_S[0])
+    holder._backend = wrapper
+    return wrapper
+
+
 def rendezvous_poll_s():
     """The wait between reads of the rendezvous state while waiting for other nodes."""
     return _SYNC_POLL_S[0]

@@ -79,6 +79,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.watch = VerdictWatch(self)
         self.watch.start()
         poll_s = compat.shorten_rendezvous_polls(inner)
+        compat.damp_rendezvous_contention(inner)
         self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner),
                           rendezvous_poll_s=poll_s)
         self.liveness = HostLiveness(self.store, inner.get_run_id(), self.node, compat.node_desc(inner),
