@@ -279,6 +279,57 @@ def test_an_agent_killed_outright_leaves_no_snapshot_memory_behind(tmp_path):
     assert not os.path.exists(os.path.dirname(held))  # the run's directory too, as no host is left
 
 
+def test_memory_left_by_a_job_killed_outright_is_freed_by_the_next_agent_on_the_host(tmp_path):
+    """A scheduler that kills every process of a job at once (agent and janitor together)
+    leaves the host's snapshot memory behind. The next agent on the host frees it (its owner's
+    lock is no longer held), and leaves alone what a live agent holds or what is not trainsup's."""
+    import subprocess
+    import signal
+    import torch.distributed as dist
+    from trainsup.launch.snapshots import SnapshotService
+    shm = tmp_path / "shm"
+    code = ("import sys, torch.distributed as dist\n"
+            "from trainsup.launch.snapshots import SnapshotService\n"
+            "s = SnapshotService(dist.PrefixStore('trainsup/', dist.HashStore()), sys.argv[2], 'hx', '127.0.0.1', "
+            "'127.0.0.1', memory=sys.argv[1])\n"
+            "open(s.dir + '/held', 'w').write('x' * 4096)\n"
+            "print(s.dir, s._janitor.pid, flush=True)\n"
+            "sys.stdin.read()\n")
+    from ranks import python_path
+    env = dict(os.environ, PYTHONPATH=python_path())
+    dead = subprocess.Popen([sys.executable, "-c", code, str(shm), "dead-job"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    live = subprocess.Popen([sys.executable, "-c", code, str(shm), "live-job"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        dead_dir, dead_janitor = dead.stdout.readline().split()
+        live_dir, _ = live.stdout.readline().split()
+        os.kill(int(dead_janitor), signal.SIGKILL)  # the whole job at once: the janitor first
+        dead.kill()
+        dead.wait()
+        assert os.path.exists(os.path.join(dead_dir, "held"))  # left behind, as the docs warn
+        foreign = shm / "someone-else" / "hz"
+        foreign.mkdir(parents=True)
+        (foreign / "data").write_text("not trainsup's")
+        events = []
+        service = SnapshotService(dist.PrefixStore("trainsup/", dist.HashStore()), "next-job", "hx", "127.0.0.1",
+                                  "127.0.0.1", memory=str(shm), on_event=lambda name, **f: events.append((name, f)))
+        try:
+            assert not os.path.exists(dead_dir) and not os.path.exists(os.path.dirname(dead_dir))
+            assert os.path.exists(os.path.join(live_dir, "held"))  # its agent is alive
+            assert (foreign / "data").exists()  # no owner lock: not ours to judge
+            swept = [f for name, f in events if name == "snapshot_memory_swept"]
+            assert swept == [{"paths": [dead_dir], "bytes": 4096}]
+        finally:
+            service.close()
+        assert os.path.exists(os.path.join(live_dir, "held"))
+    finally:
+        for p in (dead, live):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_an_overlapped_snapshot_keeps_what_it_copies_alive_until_awaited(tmp_path, monkeypatch):
     """With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped the memory tier copies after save() returns,
     from buffers the Python collect made (RNG states, the skeleton): they must stay referenced

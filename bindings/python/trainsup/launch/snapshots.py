@@ -116,6 +116,11 @@ class SnapshotService:
         # earlier agent (a job that reused the run id, an agent that was killed) is not this job's.
         shutil.rmtree(self.dir, ignore_errors=True)
         os.makedirs(self.dir, exist_ok=True)
+        # Held for the agent's life; the kernel drops it when the agent dies, however it dies.
+        self._owner_lock = _hold_owner_lock(self.dir)
+        swept = sweep_stale_memory(memory, keep=self.dir)
+        if swept:
+            self._event("snapshot_memory_swept", paths=[p for p, _ in swept], bytes=sum(b for _, b in swept))
         # Should the agent die without close() (killed, out of memory), a janitor frees the
         # memory: a small process that the kernel signals when the agent dies (PR_SET_PDEATHSIG).
         self._janitor = subprocess.Popen([sys.executable, "-m", "trainsup.launch.snapshots", "--janitor", self.dir,
@@ -172,6 +177,7 @@ class SnapshotService:
         self._server.shutdown()
         self._server.server_close()
         _free(self.dir)
+        os.close(self._owner_lock)
         if self._janitor.poll() is None:
             self._janitor.kill()
             self._janitor.wait()
@@ -381,6 +387,74 @@ def _free(path: str) -> None:
         os.rmdir(os.path.dirname(path))
     except OSError:
         pass
+
+
+OWNER_LOCK = ".owner.lock"
+
+
+def _hold_owner_lock(path: str) -> int:
+    """Takes an exclusive flock on `path`/.owner.lock and returns its descriptor: the mark that
+    a live agent owns the directory. The file is locked under a temporary name and then renamed,
+    so that a sweeper never finds the lock file unlocked while its owner is alive."""
+    import fcntl
+    tmp = os.path.join(path, f"{OWNER_LOCK}.{os.getpid()}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.rename(tmp, os.path.join(path, OWNER_LOCK))
+    return fd
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def sweep_stale_memory(memory: str, keep: str = "") -> List[Tuple[str, int]]:
+    """Frees the host directories under `memory` (<memory>/<run id>/<host>) whose owner is dead:
+    those with an owner lock (_hold_owner_lock) that nobody holds any more. That is what an
+    agent killed together with its janitor leaves (a scheduler that kills every process of a job
+    at once): the next agent on the host frees it instead of letting /dev/shm fill up over
+    incidents. A directory without the lock file (another program's, or an older trainsup's) is
+    left alone; so is one whose lock is held, by an agent of any process namespace (flock is on
+    the file, not a pid). Returns (path, bytes) of what it freed."""
+    import fcntl
+    freed: List[Tuple[str, int]] = []
+    try:
+        runs = sorted(os.listdir(memory))
+    except OSError:
+        return freed
+    for run in runs:
+        run_dir = os.path.join(memory, run)
+        try:
+            hosts = sorted(os.listdir(run_dir)) if os.path.isdir(run_dir) else []
+        except OSError:
+            continue
+        for host in hosts:
+            path = os.path.join(run_dir, host)
+            if os.path.abspath(path) == os.path.abspath(keep) or not os.path.isdir(path):
+                continue
+            try:
+                fd = os.open(os.path.join(path, OWNER_LOCK), os.O_RDWR | os.O_CLOEXEC)
+            except OSError:
+                continue  # no owner lock: not ours to judge
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                continue  # a live agent holds it
+            try:
+                size = _dir_bytes(path)
+                _free(path)
+                freed.append((path, size))
+            finally:
+                os.close(fd)
+    return freed
 
 
 def _janitor(path: str, agent_pid: int) -> None:
