@@ -144,6 +144,50 @@ def test_many_nodes_with_backoff_still_form_one_round_with_every_rank():
             h._stop_heartbeats()
 
 
+def test_nodes_waiting_reads_the_whole_state_only_after_a_join_or_its_refresh():
+    """torchrun asks every 0.1 s whether nodes wait; the answer reads the whole rendezvous state
+    (O(nodes) bytes) only when some node announced a join, or every max_nodes / 64 s."""
+    import torch.distributed as dist
+    from trainsup.launch.waiting import NodesWaiting
+
+    class Inner:
+        def __init__(self):
+            self.waiting, self.reads = 0, 0
+            self._settings = SimpleNamespace(min_nodes=1, max_nodes=128)
+            self._state_holder = SimpleNamespace(state=SimpleNamespace(complete=True, participants={1: 0, 2: 1}))
+
+        def num_nodes_waiting(self):
+            self.reads += 1
+            return self.waiting
+
+    now = [100.0]
+    store = dist.HashStore()
+    inner = Inner()
+    gate = NodesWaiting(inner, store, "job", clock=lambda: now[0])
+    other = NodesWaiting(Inner(), store, "job")  # another agent of the job, on the same store
+    assert gate.refresh_s == 2.0  # 128 / 64
+    assert gate() == 0 and inner.reads == 1
+    now[0] += 0.5
+    assert gate() == 0 and inner.reads == 1  # asked again within a second: the last answer
+    now[0] += 1.0
+    assert gate() == 0 and inner.reads == 1  # no join announced, refresh not due: no full read
+    inner.waiting = 1
+    other.announce()  # a spare's agent is about to join
+    now[0] += 1.0
+    assert gate() == 1 and inner.reads == 2  # seen within a second of the announcement
+    gate.reset()
+    inner.waiting = 0
+    assert gate() == 0 and inner.reads == 2  # counter unchanged, read 0 s ago
+    now[0] += 2.0
+    assert gate() == 0 and inner.reads == 3  # the refresh: a joiner that did not announce is seen too
+    # Spares beyond max_nodes give no reason to restart a complete round.
+    inner.waiting = 3
+    inner._settings.max_nodes = 2
+    other.announce()
+    now[0] += 1.0
+    assert gate() == 0 and inner.reads == 4
+
+
 def test_expedite_ends_the_last_call_wait_of_a_round_that_has_everyone_it_can_get():
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 

@@ -20,7 +20,7 @@ TORCH_FREE = ["trainsup", "trainsup.errors", "trainsup.events", "trainsup.names"
               "trainsup.launch.node_services", "trainsup.launch.verdict_watch", "trainsup.launch.liveness",
               "trainsup.launch.restarts", "trainsup.launch.quarantine_policy", "trainsup.launch.preflight",
               "trainsup.launch.gpu_faults", "trainsup.launch.classify", "trainsup.launch.agent_events",
-              "trainsup.launch.expedite", "trainsup.launch._compat", "trainsup.tools", "trainsup.tools.cli",
+              "trainsup.launch.expedite", "trainsup.launch.waiting", "trainsup.launch._compat", "trainsup.tools", "trainsup.tools.cli",
               "trainsup.tools.report"]
 
 

@@ -262,7 +262,7 @@ def damp_rendezvous_contention(handler, base_s=0.001):
     wrap."""
     holder = getattr(handler, "_state_holder", None)
     backend = getattr(holder, "_backend", None)
-    if backend is None:
+    if holder is None or backend is None:
         return None
     if isinstance(backend, _BackoffBackend):
         return backend

@@ -18,10 +18,10 @@ telemetry.NodeServices (services), quarantine.AgentQuarantine (quarantine and pr
 restarts.RestartGuard (restart policy), classify.classify_attempt (classification),
 gpu_faults.GpuFaultJudge (whether a failure is this host's GPU's fault),
 verdict_watch.VerdictWatch (verdicts and host loss), liveness.HostLiveness (keep-alives),
-expedite.expedite_round (ending the last call early), _compat (torchrun's internals).
+expedite.expedite_round (ending the last call early), waiting.NodesWaiting (torchrun's
+"nodes waiting?" at a store cost that does not grow with the job), _compat (torchrun's internals).
 """
 import json
-import math
 import os
 import re
 import time
@@ -43,6 +43,7 @@ from .node_services import NodeServices
 from .snapshots import DEFAULT_MEMORY, SnapshotService
 from .store import first_set, peek
 from .verdict_watch import VerdictWatch
+from .waiting import NodesWaiting
 
 __all__ = ["TrainsupRendezvousHandler"]
 
@@ -72,8 +73,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.round = None
         self.world = 0  # group world of self.round
         self._round_started = time.monotonic()
-        self._nodes_waiting = 0   # > 0: torchrun is restarting a healthy round for nodes that joined
-        self._nodes_waiting_asked = -math.inf  # monotonic time of the last num_nodes_waiting() read
+        self.waiting = NodesWaiting(inner, self.store, inner.get_run_id())
         self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
         self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
@@ -139,34 +139,20 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.events.write("agent_signalled", signal=int(sig))
         self._leave_rendezvous()
 
-    # torchrun asks after every look at its workers (--monitor-interval, 0.1 s); each answer is
-    # a read of the rendezvous state in the store. Asked at most this often, a spare or a
-    # returning node is still seen within a second, and the store serves one read per agent per
-    # second instead of ten.
-    NODES_WAITING_EVERY_S = 1.0
-
     def num_nodes_waiting(self):
-        now = time.monotonic()
-        if now - self._nodes_waiting_asked < self.NODES_WAITING_EVERY_S:
-            return self._nodes_waiting  # the last answer: torchrun restarts at once on one above 0
-        self._nodes_waiting_asked = now
-        n = self.inner.num_nodes_waiting()
-        st = compat.state(self.inner)
-        if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
-            n = 0  # spares: no room for them, so no reason to restart for them
         # torchrun asks only while its workers are healthy, and restarts the round at once when
-        # nodes wait: that restart is a change of membership, not a failure.
-        self._nodes_waiting = n
-        return n
+        # nodes wait: that restart is a change of membership, not a failure. The answer costs a
+        # read of the whole rendezvous state only when a node announced a join (waiting.py).
+        return self.waiting()
 
     def _membership_change(self):
         """Whether the round that ended was ended for nodes that joined (torchrun restarts a
         healthy round for them and, deliberately, does not count it against --max-restarts):
         asked for by num_nodes_waiting(), and no fatal verdict in the round. A grown job must not
         give up on its next real failure for having grown (issue 19)."""
-        waiting, self._nodes_waiting = self._nodes_waiting, 0
+        waiting = self.waiting.answer
         # The next round asks afresh (a cached answer would end it at once for the same nodes).
-        self._nodes_waiting_asked = -math.inf
+        self.waiting.reset()
         if not waiting or self.round is None:
             return 0
         try:
@@ -199,6 +185,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.services = None
         t0 = time.monotonic()
         self.events.write("rendezvous_join", previous_round=self.round)
+        self.waiting.announce()
         expedite = expedite_round(self)
         try:
             result = self.inner.next_rendezvous()
