@@ -41,9 +41,10 @@ Inputs (all optional; every default says where it comes from):
                         detection as measured for the old design.
   --scale-json PATH     per-host-count measurements of the costs that grow with the hosts (shape
                         below), fitted linear, logarithmic and quadratic in hosts, extrapolated to
-                        N / 8 hosts; the best-fitting of the three (least rms) is used, never below
-                        the linear one. Without it the scale costs are not included (restart and
-                        detection as measured on 2-3 simulated hosts).
+                        N / 8 hosts; within the points' range they are interpolated, beyond it the
+                        best-fitting of the three (least rms) is used, never below the linear one.
+                        Without it the scale costs are not included (restart and detection as
+                        measured on 2-3 simulated hosts).
     {"measured_hosts": 2,            # hosts of the incident measurement (recovery_bench: 2 after
                                      # the fault; default 2)
      "points": [{"hosts": 2, "rendezvous_s": 1.2, "store_ops_per_round": 150,
@@ -196,14 +197,25 @@ def scale_model(doc):
 
 
 def extrapolate(model, metric, hosts):
-    """The value at `hosts` of the fit that describes the points best (least rms of linear, log
-    and quadratic), but never below the linear fit's (a cost seen growing is not assumed to
-    flatten beyond the points), and which fit gave it. The largest of the three would be
-    meaningless: a quadratic through points that lie on a line still bends up far beyond them."""
+    """The value at `hosts` and how it was had. Within the points' range: interpolated linearly
+    between the two neighbouring points ("interpolated"). Below it: the first point's value (a
+    cost is not assumed to fall below the smallest job measured). Beyond it: the fit that
+    describes the points best (least rms of linear, log and quadratic), but never below the
+    linear fit's value nor the last point's (a cost seen growing is not assumed to flatten or
+    fall beyond the points). The largest of the three fits would be meaningless: a quadratic
+    through points that lie on a line still bends up far beyond them."""
     f = model["fits"][metric]
+    xs, ys = f["hosts"], f["values"]
+    if hosts <= xs[0]:
+        return ys[0], "first point"
+    if hosts <= xs[-1]:
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if x0 <= hosts <= x1:
+                return (y0 + (y1 - y0) * (hosts - x0) / (x1 - x0) if x1 > x0 else y1), "interpolated"
     best = min(FIT_FUNCS, key=lambda kind: f[kind][2])
     lin, at_best = predict(f["linear"], hosts, "linear"), predict(f[best], hosts, best)
-    return (at_best, best) if at_best > lin else (lin, "linear")
+    value, kind = (at_best, best) if at_best > lin else (lin, "linear")
+    return (value, kind) if value >= ys[-1] else (ys[-1], "last point")
 
 
 FIT_KEYS = (("rendezvous_s", "rendezvous_fit"), ("store_ops_per_round", "store_ops_fit"),
@@ -454,15 +466,16 @@ def main(argv=None):
             lin, log, quad = f["linear"], f["log"], f["quadratic"]
             print(f"  scale: {metric} at hosts {[int(h) for h in f['hosts']]}: linear {lin[0]:.4g} + {lin[1]:.4g} * hosts "
                   f"(rms {lin[2]:.3g}), log {log[0]:.4g} + {log[1]:.4g} * ln(hosts) (rms {log[2]:.3g}), "
-                  f"quadratic {quad[0]:.4g} + {quad[1]:.4g} * hosts^2 (rms {quad[2]:.3g}); the best (least rms) is used, "
-                  f"never below the linear")
+                  f"quadratic {quad[0]:.4g} + {quad[1]:.4g} * hosts^2 (rms {quad[2]:.3g}); within the points "
+                  f"interpolated, beyond them the best (least rms), never below the linear")
         print(f"    extrapolated from <= {int(max(max(f['hosts']) for f in scale['fits'].values()))} hosts to "
               f"{', '.join(str(int(g / a.gpus_per_host)) for g in gpus_list)} hosts ({a.gpus_per_host} GPUs each); "
               f"the restart grows by the extrapolated rendezvous beyond {scale['measured_hosts']:g} hosts"
               + ("" if a.store_ops_per_s else "; store ops are reported, not converted (no --store-ops-per-s)"))
         for g in gpus_list:
             sc = scale_costs(scale, g / a.gpus_per_host, a.store_ops_per_s)
-            shown = [f"{k} {sc[k]:g} ({sc[fit_key]} fit)" for k, fit_key in FIT_KEYS if k in sc]
+            shown = [f"{k} {sc[k]:g} ({sc[fit_key]}{' fit' if sc[fit_key] in FIT_FUNCS else ''})"
+                     for k, fit_key in FIT_KEYS if k in sc]
             print(f"    {int(g / a.gpus_per_host)} hosts: " + ", ".join(shown) + f"; restart + {sc['restart_add_s']:.2f} s"
                   + (" ; COORDINATOR SATURATED" if sc.get("coordinator_saturated") else ""))
     print()

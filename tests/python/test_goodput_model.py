@@ -134,6 +134,14 @@ def test_scale_fits_and_extrapolation(tmp_path, capsys):
     flat = gm.scale_model({"points": [{"hosts": h, "rendezvous_s": 1 + math.log(h)} for h in hosts]})
     value, kind = gm.extrapolate(flat, "rendezvous_s", 2048)
     assert kind == "linear" and value == pytest.approx(gm.predict(flat["fits"]["rendezvous_s"]["linear"], 2048, "linear"))
+    # Within the points (a model's figures up to 2,048 hosts) no fit is needed: interpolated;
+    # below them, the first point (the smallest job measured), not a fit's negative value.
+    steep = gm.scale_model({"points": [{"hosts": 8, "rendezvous_s": 0.4}, {"hosts": 512, "rendezvous_s": 16.0},
+                                       {"hosts": 2048, "rendezvous_s": 3000.0}]})
+    assert gm.extrapolate(steep, "rendezvous_s", 2048) == (3000.0, "interpolated")
+    assert gm.extrapolate(steep, "rendezvous_s", 1280)[0] == pytest.approx((16.0 + 3000.0) / 2)
+    assert gm.extrapolate(steep, "rendezvous_s", 2) == (0.4, "first point")
+    assert gm.scale_costs(steep, 2048, None)["restart_add_s"] == pytest.approx(3000.0 - 0.4)
     assert costs["coordinator_saturated"] is True
     path = tmp_path / "scale.json"
     path.write_text(json.dumps(doc))
