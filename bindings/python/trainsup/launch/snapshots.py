@@ -190,14 +190,7 @@ class SnapshotService:
         return os.path.join(self.dir, file)
 
     def _used_bytes(self) -> int:
-        total = 0
-        for root, _, files in os.walk(self.dir):
-            for f in files:
-                try:
-                    total += os.stat(os.path.join(root, f)).st_size
-                except OSError:
-                    pass
-        return total
+        return _dir_bytes(self.dir)
 
     def _round_hosts(self) -> List[str]:
         with self._lock:
@@ -405,6 +398,7 @@ def _hold_owner_lock(path: str) -> int:
 
 
 def _dir_bytes(path: str) -> int:
+    """The bytes of the files under `path` (a host's snapshot memory)."""
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
