@@ -263,8 +263,12 @@ def test_without_a_spare_the_job_shrinks_to_one_host_and_finishes(tmp_path):
     a = _events(tmp_path / "shrink" / "run" / "agent-host-a.events.jsonl")
     last = [e for e in a if e["event"] == "rendezvous"][-1]
     assert last["round"] >= 1 and last["group_world"] == 1, last
-    # Every node that could come back had: the smaller round formed without torch's 30 s last call.
-    assert any(e["event"] == "rendezvous_expedited" for e in a) and last["wait_s"] < 15, last
+    # The smaller round formed without torch's 30 s last call: written at once by the survivor
+    # (fast_round.py), or, had that fallen back, with torch's wait ended once every node that
+    # could come back had (expedite.py).
+    fast = [e for e in a if e["event"] == "rendezvous_fast"]
+    assert fast and fast[-1]["outcome"] == "written", fast
+    assert last["wait_s"] < 2, last
     logs = tmp_path / "shrink" / "logs"
     ranks = [e for p in logs.glob("*-host-a-r*.events.jsonl") for e in _events(p)]
     restored = [e for e in ranks if e["event"] == "checkpoint_restored" and e["world_size"] == 1]

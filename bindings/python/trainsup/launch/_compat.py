@@ -271,6 +271,84 @@ def damp_rendezvous_contention(handler, base_s=0.001):
     return wrapper
 
 
+def synced_state(handler):
+    """The handler's own state holder synced now (its cache skipped), and its state."""
+    holder = handler._state_holder
+    holder._last_sync_time = -1.0  # older than any cache: sync() reads the backend
+    holder.sync()
+    return holder.state
+
+
+def completed_round(handler):
+    """(round, participants, waiting) of the round this node took part in, read now: the
+    participants and the nodes waiting for a place (wait and redundancy lists, those whose
+    keep-alive has not expired) as sorted node_desc lists. None unless that round is complete,
+    open, and has this node."""
+    st = synced_state(handler)  # sync() drops the nodes whose keep-alives expired
+    if not st.complete or st.closed or handler._this_node not in st.participants:
+        return None
+    waiting = set(st.wait_list) | set(getattr(st, "redundancy_list", ()))
+    return (st.round, sorted(list(dataclasses.astuple(n)) for n in st.participants),
+            sorted(list(dataclasses.astuple(n)) for n in waiting))
+
+
+def write_next_round(handler, round_, nodes, attempts=20):
+    """Moves the rendezvous from the complete round `round_` to round_ + 1, complete, with
+    `nodes` (node_desc lists) as its participants, ranked as torch ranks them
+    (_mark_rendezvous_complete: in sorted order), in one compare-and-set of the state: what
+    torch's protocol reaches after every node has left and joined again, written once. Nodes
+    of the new round leave the wait and redundancy lists; everything else is kept. Retries
+    while only keep-alives move the state under it; returns False (nothing written) once the
+    state is not `round_` complete any more."""
+    import pickle
+    from datetime import datetime, timezone
+    backend = handler._state_holder._backend
+    members = sorted(_node(d) for d in nodes)
+    for _ in range(attempts):
+        got = backend.get_state()
+        if got is None:
+            return False
+        st, token = pickle.loads(got[0]), got[1]
+        if st.round != round_ or not st.complete or st.closed:
+            return False
+        now = datetime.now(timezone.utc)
+        st.round += 1
+        st.deadline = None
+        st.participants = {node: rank for rank, node in enumerate(members)}
+        for node in members:
+            st.wait_list.discard(node)
+            st.redundancy_list.discard(node)
+        st.last_heartbeats = {node: when for node, when in st.last_heartbeats.items()
+                              if node in st.wait_list or node in st.redundancy_list}
+        st.last_heartbeats.update({node: now for node in members})
+        result = backend.set_state(pickle.dumps(st), token)
+        if result is not None and result[2]:
+            return True
+    return False
+
+
+def adopt_round(handler, round_):
+    """Returns what next_rendezvous() returns for round `round_`, written by another node
+    (write_next_round), as torch builds it after its join op: this node's rank and the world
+    from the state, the round's store, keep-alives restarted. None if the state is not that
+    round, complete, with this node (the caller then runs torch's protocol)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousInfo, RendezvousStoreInfo
+    if os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1":
+        return None  # torch shares its store server with the workers: only its own path sets that up
+    st = synced_state(handler)
+    if st.round != round_ or not st.complete or st.closed or handler._this_node not in st.participants:
+        return None
+    handler._start_heartbeats()
+    rank, world = handler._get_world()
+    store = handler._get_store()
+    return RendezvousInfo(store, rank, world, RendezvousStoreInfo.build(rank, store, local_addr=handler._this_node.addr))
+
+
+def stop_keep_alives(handler):
+    """Stops torch's keep-alive timer (next_rendezvous does it first too)."""
+    handler._stop_heartbeats()
+
+
 def rendezvous_poll_s():
     """The wait between reads of the rendezvous state while waiting for other nodes."""
     return _SYNC_POLL_S[0]

@@ -33,7 +33,7 @@ from . import _compat as compat
 from .. import _trainsup_agent, names
 from .agent_events import AgentEvents, node_name
 from .classify import classify_attempt
-from .expedite import expedite_round
+from .expedite import expected_back, expedite_round
 from .gpu_faults import GpuFaultJudge
 from .liveness import HostLiveness
 from ..quarantine import EXIT_QUARANTINED, Quarantine
@@ -44,6 +44,7 @@ from .snapshots import DEFAULT_MEMORY, SnapshotService
 from .store import first_set, peek
 from .verdict_watch import VerdictWatch
 from .waiting import NodesWaiting
+from .fast_round import FastRestart
 
 __all__ = ["TrainsupRendezvousHandler"]
 
@@ -74,6 +75,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.world = 0  # group world of self.round
         self._round_started = time.monotonic()
         self.waiting = NodesWaiting(inner, self.store, inner.get_run_id())
+        self.fast_restart = FastRestart(inner, inner.get_run_id())
         self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
         self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
@@ -186,11 +188,13 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         t0 = time.monotonic()
         self.events.write("rendezvous_join", previous_round=self.round)
         self.waiting.announce()
-        expedite = expedite_round(self)
-        try:
-            result = self.inner.next_rendezvous()
-        finally:
-            expedite.set()
+        result = self._fast_restart() if self.round is not None and not joined else None
+        if result is None:
+            expedite = expedite_round(self)
+            try:
+                result = self.inner.next_rendezvous()
+            finally:
+                expedite.set()
         store, group_rank, group_world = compat.unpack_rendezvous(result)
         self.round = compat.round_of(self.inner)
         self.services = self._start_services(group_world)
@@ -206,6 +210,22 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                           wait_s=round(time.monotonic() - t0, 3), coordinator=self.services.following)
         self._check_restorable(group_world)
         self._round_started = time.monotonic()
+        return result
+
+    def _fast_restart(self):
+        """A restart after a fault: the round written once by one survivor (fast_round.py),
+        or None for torch's protocol."""
+        try:
+            hosts = self.liveness.hosts_of_round(self.round, self.world)
+            # Asked again while the round forms: a host found lost meanwhile is no longer waited for.
+            result = self.fast_restart(lambda: expected_back(self, hosts))
+        except Exception as e:  # torch's protocol still forms the round
+            self.events.write("rendezvous_fast", outcome="fallback", reason=f"{type(e).__name__}: {e}")
+            return None
+        if result is None:
+            self.events.write("rendezvous_fast", outcome="fallback", reason=self.fast_restart.last)
+        else:
+            self.events.write("rendezvous_fast", outcome="written", phases=self.fast_restart.phases)
         return result
 
     # --- the round's services ---
