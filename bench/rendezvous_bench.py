@@ -7,16 +7,20 @@ Why (issue 22): scale_bench.py restarts a whole job of simulated hosts on this 2
 where the workers' CPU contention hides the protocol's own cost past 8 hosts. Here only the
 rendezvous runs: each node is a DynamicRendezvousHandler built as torchrun builds it
 (C10dRendezvousBackend on a TCPStore client of its own, min = max = N nodes, so no last-call
-wait), with trainsup.run's shortened polls, in two modes side by side (alternating, same store):
-"torch" (torch's writes and reads as they are) and "trainsup" (as trainsup.run's agents run:
-plus the backoff after a lost write, _compat.damp_rendezvous_contention, and the join counter
-that spares num_nodes_waiting a read of the whole state, waiting.NodesWaiting). The nodes live as threads in --procs client
-processes; the store is a separate process, so its CPU time is its own.
+wait), with trainsup.run's shortened polls, in three modes side by side (alternating, same
+store): "torch" (torch's writes and reads as they are); "trainsup" (trainsup.run's pacing of
+torch's protocol, its path when the fast restart falls back: the backoff after a lost write,
+_compat.damp_rendezvous_contention, and the join counter that spares num_nodes_waiting a read
+of the whole state, waiting.NodesWaiting); "fast" (as trainsup.run runs a restart after a fault:
+that, plus the round written once by one survivor, launch/fast_round.py). The nodes live as
+threads in --procs client processes; the store is a separate process, so its CPU time is its own.
 
-Two rounds per repeat, as a job sees them:
+Three phases per repeat, as a job sees them:
 - "join": every node calls next_rendezvous at once (a job's start);
-- "restart": every node calls next_rendezvous again on the completed round (what every agent
-  does when the job restarts after a fault: torch's exit op, then its join op).
+- "restart": every node restarts on the completed round (what every agent does when the job
+  restarts after a fault: in torch's protocol its exit op, then its join op; in "fast" mode
+  FastRestart, which must not fall back here);
+- "steady": --steady-s seconds of training: each node asked every 0.1 s whether nodes wait.
 
 Per round it counts the backend's operations (get_state; set_state, won or lost) and the bytes
 each one moved, and times the round (the signal to the last node's return), the store
@@ -34,7 +38,7 @@ round on separate hosts (see model() below), printed up to --extrapolate nodes (
 GPUs at 8 per host), with power-law and quadratic fits of the measured rounds beside it.
 
 The last line is one JSON object: {"bench": "rendezvous_bench", "rows": [...], "chain": {...},
-"model": {...}, "fits": {...}, "ratios_trainsup_over_torch": {...}}. `--out PATH` writes a scale
+"model": {...}, "fits": {...}, "ratios_over_torch": {...}}. `--out PATH` writes a scale
 file for bench/goodput_model.py --scale-json: rendezvous_s per node count, the model's
 (--scale-from estimate, the default, points marked "estimated") or the rounds measured here."""
 import argparse
@@ -120,11 +124,12 @@ def client(port, first, count, nodes, run_id, mode):
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
     from torch.distributed import PrefixStore
     from trainsup.launch import _compat
+    from trainsup.launch.fast_round import FastRestart
     from trainsup.launch.waiting import NodesWaiting
 
     _compat.prepare_environment()  # as trainsup.run's agents run it
     counts = _Counts()
-    handlers, gates = [], []
+    handlers, gates, fasts = [], [], []
     gate_store = PrefixStore("trainsup/", TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=300)))
     for i in range(first, first + count):
         store = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=300))
@@ -134,9 +139,11 @@ def client(port, first, count, nodes, run_id, mode):
                                       join_timeout="600")
         handler = create_handler(store, backend, params)
         _compat.shorten_rendezvous_polls(handler)
-        if mode == "trainsup":
+        if mode in ("trainsup", "fast"):
             _compat.damp_rendezvous_contention(handler)
             gates.append(NodesWaiting(handler, gate_store, run_id))
+        if mode == "fast":  # made with the handler, as the agent makes it
+            fasts.append(FastRestart(handler, run_id))
         handlers.append(handler)
     go_store = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=300))
     print(json.dumps({"ready": True}), flush=True)
@@ -168,7 +175,17 @@ def client(port, first, count, nodes, run_id, mode):
                 else:
                     if gates:
                         gates[k].announce()
-                    _compat.unpack_rendezvous(handlers[k].next_rendezvous())
+                    result = None
+                    if mode == "fast" and name == "restart":
+                        f = fasts[k]
+                        result = f()
+                        if sum(f.phases.values()) > 1.0:
+                            print(f"slow fast restart on node{first + k}: {f.phases}", file=sys.stderr, flush=True)
+                        if result is None:
+                            raise RuntimeError(f"the fast restart fell back: {f.last}")
+                    if result is None:
+                        result = handlers[k].next_rendezvous()
+                    _compat.unpack_rendezvous(result)
             except Exception as e:  # reported, the round then fails
                 errors.append(f"node{first + k}: {type(e).__name__}: {e}")
             ends[k] = time.time()
@@ -376,16 +393,17 @@ def main():
     ap.add_argument("--scale-from", choices=("measured", "estimate"), default="estimate",
                     help="what --out's rendezvous_s is: the restart rounds measured on this machine, or "
                          "the separate-hosts estimate (max of serial chain and store time)")
-    ap.add_argument("--scale-mode", choices=("torch", "trainsup"), default="torch",
+    ap.add_argument("--scale-mode", choices=("torch", "trainsup", "fast"), default="torch",
                     help="which mode's figures --out writes (torch: the protocol's contention as it is; "
-                         "trainsup: with --scale-from estimate, an ideal backoff, which trainsup's does not reach)")
+                         "trainsup: with --scale-from estimate, an ideal backoff, which trainsup's does not reach; "
+                         "fast: the restart round written once, launch/fast_round.py)")
     ap.add_argument("--from-json", help="analyse the measurements of an earlier run (its output, with the "
                                         "JSON line) instead of measuring")
     ap.add_argument("--out", help="write a scale file for goodput_model.py --scale-json ({mode} in the "
                                   "path: one file per mode)")
     args = ap.parse_args()
 
-    modes = ("torch", "trainsup")
+    modes = ("torch", "trainsup", "fast")
     if args.from_json:  # the analysis again, on the measurements of an earlier run
         with open(args.from_json) as f:
             earlier = [json.loads(line) for line in f if line.startswith('{"bench": "rendezvous_bench"')][-1]
@@ -455,10 +473,18 @@ def main():
 
     def model(mode, n):
         base_s = min(med(mode, "restart", "round_s", m) for m in measured_ns)
-        per_win = {"torch": lambda i: (n - i + 1) * 2 * size(i), "trainsup": lambda i: 5 * size(i)}[mode]
-        written = 2 * sum(per_win(i) for i in range(1, n + 1))
         poll_s = min(1.0, max(0.1, n / 1000.0))
         u = n * size(n) * per_byte / poll_s
+        if mode == "fast":
+            # One write of the new round (its read and compare-and-set), then every node reads
+            # it once; the announcements and the done key are a few bytes each. No chain: one
+            # link, and no node polls the whole state while it waits (the store notifies).
+            moved = (n + 3) * size(n)
+            store_s = moved * per_byte
+            return {"round_s": base_s + max(max(_eval(link_fit, n), 0.0), store_s), "store_s": store_s,
+                    "written_bytes": moved, "poll_load": 0.0}
+        per_win = {"torch": lambda i: (n - i + 1) * 2 * size(i), "trainsup": lambda i: 5 * size(i)}[mode]
+        written = 2 * sum(per_win(i) for i in range(1, n + 1))
         store_s = math.inf if u >= 1 else written * per_byte / (1 - u)
         return {"round_s": base_s + max(chain_s(n), store_s), "store_s": store_s, "written_bytes": written,
                 "poll_load": u}
@@ -488,10 +514,12 @@ def main():
               + "; ".join(cells))
     ratios = {}
     for n in measured_ns:
-        ratios[str(n)] = {key: round(med("trainsup", "restart", key, n) / max(med("torch", "restart", key, n), 1e-9), 3)
-                          for key in ("round_s", "ops", "bytes")}
-        print(f"trainsup / torch at {n:5d} nodes (restart round, medians): round {ratios[str(n)]['round_s']:.3f}, "
-              f"store ops {ratios[str(n)]['ops']:.3f}, bytes {ratios[str(n)]['bytes']:.3f}")
+        for mode in modes[1:]:
+            r = {key: round(med(mode, "restart", key, n) / max(med("torch", "restart", key, n), 1e-9), 3)
+                 for key in ("round_s", "ops", "bytes")}
+            ratios.setdefault(str(n), {})[mode] = r
+            print(f"{mode} / torch at {n:5d} nodes (restart round, medians): round {r['round_s']:.3f}, "
+                  f"store ops {r['ops']:.3f}, bytes {r['bytes']:.3f}")
 
     # Steady state: the store's load while the job trains. Each node reads the whole state
     # r(N) times a second to answer num_nodes_waiting (torch mode: the holder's cache, which
@@ -505,7 +533,7 @@ def main():
         return statistics.median(r["bytes"] / r["round_s"] for r in sel)
 
     def steady_model(mode, n):
-        reads = 1 / max(0.1, min(1.0, n / 1000)) if mode == "torch" else 1 / max(1.0, n / 64)
+        reads = 1 / max(0.1, min(1.0, n / 1000)) if mode == "torch" else 1 / max(1.0, n / 64)  # trainsup, fast
         return n * (reads * size(n) + 3 * size(n) / 5.0)
 
     print("\nsteady state (training), bytes through the store a second, model (measured) and the store's CPU:")
@@ -517,14 +545,14 @@ def main():
             cells.append(f"{mode} {bps / 1e6:9.3f} MB/s{here} = {bps * per_byte:6.3f} cores")
         print(f"  {n:5d} nodes: " + "; ".join(cells))
         if n in measured_ns:
-            ratios.setdefault(str(n), {})["steady_bytes"] = round(steady("trainsup", n) / max(steady("torch", n), 1e-9), 3)
+            ratios.setdefault(str(n), {})["steady_bytes_trainsup"] = round(steady("trainsup", n) / max(steady("torch", n), 1e-9), 3)
 
     result = {"bench": "rendezvous_bench", "rows": rows,
               "steady_model_bytes_per_s": {mode: {str(n): steady_model(mode, n) for n in grid} for mode in modes},
               "chain": {"link_fit_a_s": link_fit["a"], "link_fit_b_s": link_fit["b"],
                         "links": {str(k): v for k, v in chain.items()},
                         "bound_s": {str(n): chain_s(n) for n in grid}},
-              "store_cpu_s_per_byte": per_byte, "ratios_trainsup_over_torch": ratios,
+              "store_cpu_s_per_byte": per_byte, "ratios_over_torch": ratios,
               "model": {mode: {str(n): model(mode, n) for n in grid} for mode in modes},
               "state_bytes_fit": size_fit,
               "fits": fits, "extrapolate": n_x}
