@@ -279,3 +279,37 @@ def test_an_agent_that_leaves_ends_its_threads_before_it_returns():
     assert all(t.is_alive() for t in a._threads) and len(a._threads) == 2
     a.left()
     assert not any(t.is_alive() for t in a._threads)
+
+
+def test_a_host_whose_keepalives_came_late_gets_the_slow_link_grace_before_it_is_reported():
+    """A lossy link: host-b's keep-alives come one at a time after long gaps (retransmissions)
+    before it has reported itself slow. Its next silence is a late keep-alive, not a death, until
+    slow_link_multiplier x the timeout."""
+    store, clock, lost = dist.HashStore(), Clock(), []
+    a, b = _pair(store, clock, lost, timeout_s=5.0)
+    _tick(clock, a, b, 3)
+    for _ in range(3):  # one keep-alive every 3 s: each moves the counter by one
+        _tick(clock, a, b, 2, b_beats=False)
+        _tick(clock, a, b, 1)
+    assert not b.slow  # it never completed three slow round trips: it could not say so itself
+    _tick(clock, a, b, 10, b_beats=False)
+    assert lost == []  # 10 s of silence, past the 5 s timeout: its keep-alives were coming late
+    _tick(clock, a, b, 20, b_beats=False)
+    assert len(lost) == 1 and lost[0][0] == "host-b" and lost[0][1] >= 5.0 * a.slow_link_multiplier
+
+
+def test_a_watcher_that_looked_late_does_not_take_a_regular_host_for_a_slow_one():
+    """The watcher's own checks were late (a loaded machine): host-b's counter moved by several
+    between two looks, which says the watcher was late, not host-b. Its silence afterwards is
+    reported at the timeout."""
+    store, clock, lost = dist.HashStore(), Clock(), []
+    a, b = _pair(store, clock, lost, timeout_s=5.0)
+    _tick(clock, a, b, 3)
+    for _ in range(3):  # host-b beats every second; host-a looks only every third second
+        for _ in range(3):
+            clock.t += 1.0
+            a.beat()
+            b.beat()
+        a.check()
+    _tick(clock, a, b, 5, b_beats=False)
+    assert len(lost) == 1 and lost[0][0] == "host-b"

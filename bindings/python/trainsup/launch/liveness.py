@@ -42,7 +42,14 @@ lossy or congested link, a failing NIC or cable); once the median is back under 
 on_slow(..., False). Nothing is quarantined for it: a host that is slow but alive is a
 straggler, and the job goes on (at the pace of its slowest link). Its keep-alives are late too
 (a lost packet can hold one round trip for seconds), so the watchers give a host that says its
-link is slow `slow_link_multiplier` x the timeout before reporting it.
+link is slow `slow_link_multiplier` x the timeout before reporting it. They give it the same
+when they saw its keep-alives come late themselves (its counter moved by one over a gap of at
+least `late_beat_intervals` intervals, within three timeouts before the silence): on a lossy
+link a keep-alive can sit in TCP retransmission past the timeout before three slow round trips
+have completed and the host could say so (the network test saw a dead_host verdict 0.65 s
+before host-b's slow-link report). A counter that moved by several over a long gap was read
+late by the watcher, not sent late, and does not count. A host that beat on time and then fell
+silent is reported at the timeout, as before.
 
 The store must be a client of this agent's own: a TCPStore client serialises its operations, and
 torchrun's agent blocks in long gets on its own (its exit barrier waits up to 300 s), which
@@ -52,6 +59,7 @@ Its store keys (agents/<run>/...) are listed with every other in trainsup/names.
 """
 import collections
 import json
+import math
 import threading
 import time
 from typing import Any, Deque, List, Optional, Tuple
@@ -60,6 +68,14 @@ from .. import names
 from .store import peek
 
 __all__ = ["HostLiveness", "join_threads"]
+
+
+def _moved_by(old, new):
+    """How far a keep-alive counter moved between two reads (None when either is not a number)."""
+    try:
+        return int(new) - int(old)
+    except (TypeError, ValueError):
+        return None
 
 
 def join_threads(threads, timeout_s):
@@ -73,7 +89,7 @@ def join_threads(threads, timeout_s):
 class HostLiveness:
     def __init__(self, store, run_id, host, node_desc, on_lost, interval_s=1.0, timeout_s=5.0, on_error=None,
                  on_unconfirmed=None, clock=time.monotonic, start=True, witnesses=8, on_slow=None,
-                 slow_link_s=0.1, slow_window=3, slow_link_multiplier=6.0):
+                 slow_link_s=0.1, slow_window=3, slow_link_multiplier=6.0, late_beat_intervals=2.5):
         # on_unconfirmed(host, silent_s, own_beats, reason) is told once per silence and reason:
         # "stale" (our own keep-alives did not go through) or "isolated" (no other agent heard).
         self.store = store
@@ -107,6 +123,8 @@ class HostLiveness:
         self.on_slow = on_slow or (lambda host, median_s, baseline_s, slow: None)
         self.slow_link_s = float(slow_link_s)
         self.slow_link_multiplier = float(slow_link_multiplier)
+        self.late_beat_s = float(late_beat_intervals) * self.interval_s
+        self._late = {}               # host -> when a late keep-alive of it was last seen
         self._window = max(1, int(slow_window))
         self._round_trips: Deque[float] = collections.deque(maxlen=self._window)
         self.baseline_s: Optional[float] = None        # the fastest keep-alive round trip seen: this link when healthy
@@ -310,6 +328,14 @@ class HostLiveness:
             # new agent of the host, whose counter goes on from the old one's); else kept.
             node = last[0] if last is not None and (host, last[0]) not in self._lost else \
                 peek(self.store, self._key(host, "node"))
+            if last is not None and now - last[2] >= self.late_beat_s and _moved_by(last[1], value) == 1:
+                # One keep-alive over a long gap: sent late (its link is bad), unless it is the
+                # first of a new agent of the host (read who it is: rare, only on such a gap).
+                current = peek(self.store, self._key(host, "node"))
+                if current == node:
+                    self._late[host] = now
+                else:
+                    node = current
             self._seen[host] = (node, value, now, own)
         for host, node, last in silent_hosts:
             silent = now - last[2]
@@ -325,8 +351,10 @@ class HostLiveness:
                     continue
             if peek(self.store, self._key(host, "left")) == node:
                 continue
-            if silent < self.timeout_s * self.slow_link_multiplier and peek(self.store, self._key(host, "slow")):
-                continue  # its link is slow: its keep-alives are late, not gone
+            if silent < self.timeout_s * self.slow_link_multiplier and (
+                    last[2] - self._late.get(host, -math.inf) <= 3 * self.timeout_s
+                    or peek(self.store, self._key(host, "slow"))):
+                continue  # its link is slow (it says so, or its keep-alives came late): late, not gone
             if own - last[3] < self.own_beats_needed:
                 self.unconfirmed += 1  # our own keep-alives stalled too: the store or we were stuck
                 self._tell(host, last, silent, own - last[3], "stale")
