@@ -69,10 +69,21 @@ class PyCoordinator {
   // Blocks (the GIL released by the binding) until a verdict is waiting to be taken or
   // timeout_s passes; true when one is. The agent's services wait here between their ticks, so a
   // verdict is published as soon as the coordinator reaches it, not at the next tick.
+  // wake() ends the current (or next) wait early, once, with or without a verdict: the agent's
+  // services call it when they close, so that the end of a round does not wait out a tick.
   bool waitVerdicts(double timeout_s) {
     std::unique_lock<std::mutex> lock(mu_);
-    return verdict_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
-                                [this] { return !verdicts_.empty(); });
+    verdict_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)),
+                         [this] { return !verdicts_.empty() || woken_; });
+    woken_ = false;
+    return !verdicts_.empty();
+  }
+  void wake() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      woken_ = true;
+    }
+    verdict_cv_.notify_all();
   }
   py::list takeVerdicts() {
     std::vector<Verdict> got;
@@ -127,7 +138,8 @@ class PyCoordinator {
   std::unique_ptr<Coordinator> coordinator_;
   std::mutex mu_;
   std::vector<Verdict> verdicts_;  // guarded by mu_
-  std::condition_variable verdict_cv_;  // signalled when verdicts_ gains one
+  std::condition_variable verdict_cv_;  // signalled when verdicts_ gains one, or by wake()
+  bool woken_ = false;                  // guarded by mu_
 };
 
 class PyNodeMonitor {
@@ -207,6 +219,7 @@ void bindAgent(py::module_& m) {
       .def_property_readonly("port", &PyCoordinator::port)
       .def("take_verdicts", &PyCoordinator::takeVerdicts)
       .def("wait_verdicts", &PyCoordinator::waitVerdicts, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
+      .def("wake", &PyCoordinator::wake)
       .def("set_slow_hosts", &PyCoordinator::setSlowHosts, py::arg("hosts"))
       .def("known_ranks", &PyCoordinator::knownRanks)
       .def("counters", &PyCoordinator::counters)

@@ -311,6 +311,9 @@ class NodeServices:
 
     def close(self) -> None:
         self._stop.set()
+        c = self.coordinator
+        if c is not None:
+            c.wake()  # the tick thread may be waiting for verdicts: up to 0.2 s of every restart
         self._thread.join(timeout=5)
         self.flush()  # a verdict our coordinator reached since the last tick goes out, not down with it
         self.monitor.stop()
