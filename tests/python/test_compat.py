@@ -450,3 +450,30 @@ def test_when_the_writer_is_found_lost_the_next_survivor_writes_the_round(monkey
     finally:
         for h in handlers:
             h._stop_heartbeats()
+
+
+def test_stopping_torchruns_log_tailing_does_not_wait_out_its_pause(tmp_path):
+    """torchrun --tee copies worker logs with threads that pause between reads; stopping the
+    workers waited for those pauses (0.1 s of every restart). With trainsup's tail_logfile the
+    stop wakes them, and every line written before the stop is still copied, exactly once."""
+    import io
+    from torch.distributed.elastic.multiprocessing import tail_log
+    assert compat.prompt_log_tailing()
+    assert compat.prompt_log_tailing()  # twice in a process: still one layer, torch's underneath
+    assert not hasattr(tail_log.tail_logfile.__trainsup_original__, "__trainsup_original__")
+    log = tmp_path / "worker0.log"
+    log.write_text("first\n")
+    dst = io.StringIO()
+    # A pause of 60 s: the copy of "first" shows the thread has read to the end and paused.
+    tailer = tail_log.TailLog("w", {0: str(log)}, dst, interval_sec=60).start()
+    deadline = time.monotonic() + 30
+    while "first" not in dst.getvalue():
+        assert time.monotonic() < deadline, "the tailer never copied the first line"
+        time.sleep(0.01)  # polls another thread's output; bounded
+    with open(log, "a") as f:
+        f.write("second\nthird\n")  # written during the pause, before the stop
+    t0 = time.monotonic()
+    tailer.stop()
+    took = time.monotonic() - t0
+    assert dst.getvalue() == "[w0]:first\n[w0]:second\n[w0]:third\n"
+    assert took < 30, f"stop() waited out the tailer's 60 s pause ({took:.1f} s)"

@@ -134,6 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     compat.fix_std_parsing()
     compat.prepare_environment()
+    compat.prompt_log_tailing()
     # torchrun's own parser, with our flags added (they must come before the training script).
     parser = compat.torchrun_parser()
     parser.prog = "python3 -m trainsup.run"
