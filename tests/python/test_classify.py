@@ -50,3 +50,16 @@ def test_torch_2_rank_prefixes_are_not_part_of_the_message():
     assert classify(tb) == ("user_code", "RuntimeError: injected user-code error at step 120")
     teed = "[default0]:[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
     assert classify(teed)[0] == classify("RuntimeError: CUDA error: an illegal memory access was encountered\n")[0]
+
+
+def test_the_line_kept_is_the_error_not_the_source_a_traceback_quotes():
+    """The kept line becomes the quarantine's reason (and Slurm's drain reason): a traceback
+    that quotes the raising source line must not make that code the reason (issue 23's replay
+    drained n2 "raise RuntimeError(...)")."""
+    tail = ('[default0]:Traceback (most recent call last):\n'
+            '[default0]:  File "train.py", line 180, in main\n'
+            '[default0]:    raise RuntimeError("CUDA error: unspecified launch failure\\n"\n'
+            '[default0]:RuntimeError: CUDA error: unspecified launch failure\n')
+    assert classify(tail) == ("cuda_error", "RuntimeError: CUDA error: unspecified launch failure")
+    # Only quoted code matches: it is still what there is.
+    assert classify('  File "x.py", line 1\n    raise RuntimeError("CUDA error: boom")\n')[0] == "cuda_error"

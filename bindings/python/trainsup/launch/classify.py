@@ -87,9 +87,12 @@ def classify(text):
         if xid_of(line) in HARDWARE_XIDS:
             return "gpu_hardware", line.strip()
     for cls, patterns in _COMPILED:
-        for line in lines:
-            if any(p.search(line) for p in patterns):
-                return cls, line.strip()
+        matching = [line for line in lines if any(p.search(line) for p in patterns)]
+        if matching:
+            # The line that says it, not source code a traceback quotes (indented): the line
+            # becomes the quarantine's reason and the drain reason an operator reads.
+            said = [line for line in matching if not line[:1].isspace()]
+            return cls, (said or matching)[0].strip()
     m = _TRACEBACK.search(text)
     if m:
         # The exception line is the last line of the traceback.
