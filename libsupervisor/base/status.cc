@@ -33,6 +33,7 @@ const char* exitCodeName(int code) {
     case kExitAborted: return "aborted_by_verdict";
     case kExitQuarantined: return "quarantined";
     case kExitDoNotRequeue: return "do_not_requeue";
+    case kExitRequeue: return "requeue";
     default: return "unknown";
   }
 }

@@ -39,8 +39,8 @@ def test_every_exit_code_has_one_home_in_cpp():
     codes = {"stop_requested": trainsup.EXIT_STOP_REQUESTED, "stall": trainsup.EXIT_STALL,
              "watchdog_unresponsive": trainsup.EXIT_WATCHDOG_UNRESPONSIVE, "bad_config": trainsup.EXIT_BAD_CONFIG,
              "aborted_by_verdict": trainsup.EXIT_ABORTED, "quarantined": trainsup.EXIT_QUARANTINED,
-             "do_not_requeue": trainsup.EXIT_DO_NOT_REQUEUE}
+             "do_not_requeue": trainsup.EXIT_DO_NOT_REQUEUE, "requeue": trainsup.EXIT_REQUEUE}
     assert {trainsup.exit_code_name(c): c for c in codes.values()} == codes
-    assert sorted(codes.values()) == list(range(90, 97))
+    assert sorted(codes.values()) == list(range(90, 98))
     assert quarantine.EXIT_QUARANTINED == 95 and restarts.EXIT_DO_NOT_REQUEUE == 96
-    assert trainsup.exit_code_name(97) == "unknown"
+    assert trainsup.exit_code_name(98) == "unknown"

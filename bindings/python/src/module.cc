@@ -370,6 +370,7 @@ void bindBase(py::module_& m) {
   m.attr("EXIT_ABORTED") = kExitAborted;
   m.attr("EXIT_QUARANTINED") = kExitQuarantined;
   m.attr("EXIT_DO_NOT_REQUEUE") = kExitDoNotRequeue;
+  m.attr("EXIT_REQUEUE") = kExitRequeue;
   m.def("exit_code_name", &exitCodeName, py::arg("code"));
   m.attr("SETTING_VARIABLES") = Config::variableNames();  // what a rank reads, in order
 }

@@ -41,7 +41,7 @@ from . import _compat, _trainsup  # noqa: E402
 from .events import json_fields as _json_fields  # noqa: E402
 from .errors import (CorruptionError, Error, InternalError, InvalidArgumentError, IoError,  # noqa: E402
                      NotFoundError, TimedOutError, UnavailableError)
-from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_DO_NOT_REQUEUE, EXIT_QUARANTINED,  # noqa: E402
+from ._trainsup import (EXIT_ABORTED, EXIT_BAD_CONFIG, EXIT_DO_NOT_REQUEUE, EXIT_QUARANTINED, EXIT_REQUEUE,  # noqa: E402
                         EXIT_STALL, EXIT_STOP_REQUESTED, EXIT_WATCHDOG_UNRESPONSIVE, exit_code_name)
 
 # Names whose modules import torch: loaded on first use (PEP 562).
@@ -57,7 +57,7 @@ __all__ = [
     "recent_collectives", "Checkpoint", "PyStoreChannel", "load_checkpoint",
     "Error", "CorruptionError", "InternalError", "InvalidArgumentError", "IoError", "NotFoundError",
     "TimedOutError", "UnavailableError",
-    "EXIT_ABORTED", "EXIT_BAD_CONFIG", "EXIT_DO_NOT_REQUEUE", "EXIT_QUARANTINED", "EXIT_STALL",
+    "EXIT_ABORTED", "EXIT_BAD_CONFIG", "EXIT_DO_NOT_REQUEUE", "EXIT_QUARANTINED", "EXIT_REQUEUE", "EXIT_STALL",
     "EXIT_STOP_REQUESTED", "EXIT_WATCHDOG_UNRESPONSIVE", "exit_code_name", "cmake_prefix_path", "__version__",
 ]
 

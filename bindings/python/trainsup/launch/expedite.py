@@ -37,6 +37,8 @@ def expedite_round(agent):
         hosts = None  # the last round's hosts: read once, when first needed
         # At the rendezvous's own polling pace (compat.shorten_rendezvous_polls).
         while not done.wait(compat.rendezvous_poll_s()):
+            # Inside a fixed allocation a round short of hosts may wait for nobody: requeue.
+            agent._requeue_if_exhausted()
             try:
                 forming = compat.forming_round(inner)
                 if forming is None or not forming[1] or forming[0] < compat.min_nodes(inner):

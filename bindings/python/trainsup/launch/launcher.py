@@ -10,7 +10,9 @@ rendezvous, wrapped so that
 - restarts are counted for the whole job (a round that ends because nodes joined or left is no
   restart, as in torchrun), and a job that keeps failing ends with EXIT_DO_NOT_REQUEUE (96); so
   does one whose checkpoints this round's size cannot restore (the next attempt would fail the
-  same way), and every agent follows a job that gave up.
+  same way), and every agent follows a job that gave up;
+- inside a fixed allocation (Slurm's, allocation.py) a job left with fewer hosts than its
+  minimum ends at once with EXIT_REQUEUE (97) instead of waiting for hosts that cannot come.
 Each agent writes its events to <run dir>/agent-<host>.events.jsonl (docs/events.md).
 
 This module is the rendezvous wrapping and the wiring; each job is a module of its own:
@@ -30,7 +32,7 @@ from torch.distributed import PrefixStore
 from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 from . import _compat as compat
-from .. import _trainsup_agent, names
+from .. import _trainsup, _trainsup_agent, names
 from .agent_events import AgentEvents, node_name
 from .classify import classify_attempt
 from .expedite import expected_back, expedite_round
@@ -45,6 +47,8 @@ from .store import first_set, peek
 from .verdict_watch import VerdictWatch
 from .waiting import NodesWaiting
 from .fast_round import FastRestart
+
+EXIT_REQUEUE = _trainsup.EXIT_REQUEUE  # trainsup/exit_codes.h: 97
 
 __all__ = ["TrainsupRendezvousHandler"]
 
@@ -182,6 +186,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             why = self.restarts.account(self.round)
             if why is not None:
                 self._give_up(why)
+            self._requeue_if_exhausted()
         if self.services is not None:
             self.services.close()
             self.services = None
@@ -218,7 +223,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         try:
             hosts = self.liveness.hosts_of_round(self.round, self.world)
             # Asked again while the round forms: a host found lost meanwhile is no longer waited for.
-            result = self.fast_restart(lambda: expected_back(self, hosts))
+            result = self.fast_restart(lambda: self._requeue_if_exhausted() or expected_back(self, hosts))
         except Exception as e:  # torch's protocol still forms the round
             self.events.write("rendezvous_fast", outcome="fallback", reason=f"{type(e).__name__}: {e}")
             return None
@@ -345,6 +350,39 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         print(f"[trainsup] giving up: {why}: exit {EXIT_DO_NOT_REQUEUE} (do not requeue)", flush=True)
         self._leave_rendezvous()
         self._exit(EXIT_DO_NOT_REQUEUE)
+
+    def _allocation_exhausted(self):
+        """Why the job cannot re-form in its allocation (allocation.py), or None: fewer of the
+        allocation's hosts are left, once the quarantined and the lost or departed are taken
+        out, than the rendezvous's minimum."""
+        hosts = self.settings.get("allocation_hosts")
+        if not hosts:
+            return None
+        out = []
+        for h in hosts:
+            if h == self.node:
+                continue  # here (a quarantined host left before it asks)
+            if self.quarantine.get(h) is not None:
+                out.append(f"{h} (quarantined)")
+            elif self.liveness.current_node(h)[1]:
+                out.append(f"{h} (lost or left)")
+        need = compat.min_nodes(self.inner)
+        left = len(hosts) - len(out)
+        if left >= need:
+            return None
+        return (f"the allocation's hosts {','.join(hosts)} have {left} left and the job needs {need} "
+                f"(--nnodes minimum): out are {', '.join(out)}; no other host can join this allocation")
+
+    def _requeue_if_exhausted(self):
+        """Ends this agent with EXIT_REQUEUE (97) when the allocation is exhausted; returns None
+        otherwise. Every agent reaches the same answer from the same records."""
+        why = self._allocation_exhausted()
+        if why is None:
+            return None
+        self.events.write("requeue", reason=why, code=EXIT_REQUEUE)
+        print(f"[trainsup] {why}: exit {EXIT_REQUEUE} (requeue the job)", flush=True)
+        self._leave_rendezvous()
+        self._exit(EXIT_REQUEUE)
 
     FOLLOW_NEW_AGENTS_S = 600.0  # torchrun's default join timeout: how long a newcomer would wait
 

@@ -48,6 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import _compat as compat
 from .. import names
 from .._trainsup_agent import DETECTOR_DEFAULTS, check_collective_budgets
+from .allocation import allocation_hosts
 from ..ports import free_port
 
 __all__ = ["main", "OUR_FLAGS"]
@@ -174,6 +175,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         check_collective_budgets(budgets)
     except ValueError as e:
         sys.exit(f"trainsup.run: --collective-budgets / TRAINSUP_COLLECTIVE_BUDGETS: {e}")
+    try:
+        allocation = allocation_hosts()
+    except ValueError as e:
+        sys.exit(f"trainsup.run: {e}")
     bind = _setting(args, "--coordinator-bind")
     settings = {
         "run_dir": run_dir,
@@ -199,6 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "rank_silence_s": _seconds(args, "--rank-silence-s"),
         "snapshot_memory": os.path.abspath(_setting(args, "--snapshot-memory")),
         "snapshot_max_bytes": _byte_count(args, "--snapshot-max-bytes"),
+        "allocation_hosts": allocation,
     }
     os.environ["TRAINSUP_RUN_DIR"] = run_dir
     warm = str(_setting(args, "--warm-workers")).strip().lower()

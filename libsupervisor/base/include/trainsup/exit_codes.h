@@ -27,7 +27,7 @@ inline constexpr int kExitBadConfig = 93;
 // without the culprit's host.
 inline constexpr int kExitAborted = 94;
 
-// Launcher agents (trainsup.run) exit with these two.
+// Launcher agents (trainsup.run) exit with these three.
 // This host is quarantined (a verdict named it, or its preflight failed): its agent left the
 // job so that the others go on without it. Do not place the job on this host again until the
 // quarantine record expires or an operator removes it.
@@ -35,6 +35,11 @@ inline constexpr int kExitQuarantined = 95;
 // The job gave up: past the restart cap, or restarts that never moved the newest valid
 // checkpoint. Requeueing would repeat the failure: look at the cause first.
 inline constexpr int kExitDoNotRequeue = 96;
+// The job cannot go on with the hosts its allocation has left: fewer than the rendezvous's
+// minimum remain once the quarantined and lost ones are taken out, and no other host can join
+// (a Slurm allocation; TRAINSUP_ALLOCATION_HOSTS). Requeue the job: its quarantined hosts are
+// drained, or excluded from the next placement (`trainsup quarantine exclude-arg`).
+inline constexpr int kExitRequeue = 97;
 
 // Human-readable name of one of the codes above ("stall", ...), or "unknown".
 TRAINSUP_EXPORT const char* exitCodeName(int code);
