@@ -23,6 +23,7 @@ packages=(
   iproute2 iptables                       # network faults between simulated hosts (namespaces, loss)
   libnetfilter-queue-dev                  # ...and delay without netem (NetfilterQueue builds on it)
   strace                                  # crash points of the DCP checkpoint path (fault injection)
+  slurmctld slurmd slurm-client munge     # a Slurm cluster the suite starts (tests/python/slurm_cluster.py)
 )
 missing=()
 for p in "${packages[@]}"; do

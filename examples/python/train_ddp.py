@@ -13,6 +13,7 @@ import argparse
 import os
 import random
 import signal
+import socket
 import sys
 import time
 
@@ -72,13 +73,23 @@ def main():
     p.add_argument("--raise-at-step", type=int, default=-1,
                    help="fault injection: raise an exception (a user-code error) in step N of every attempt")
     p.add_argument("--fault-rank", type=int, default=-1, help="the rank that injects the faults above (-1: every rank)")
+    p.add_argument("--fault-host", default="",
+                   help="only this host injects faults (its TRAINSUP_NODE_NAME, else its host name): a rank's "
+                        "number changes between attempts, a host does not")
+    p.add_argument("--gpu-ecc-at-step", type=int, default=-1,
+                   help="fault injection: after step N (and its checkpoint) this host's GPU goes bad as one hit by "
+                        "an uncorrectable ECC error does: the stand-in NVML (FAKE_NVML_FILE, %%h = host) reports "
+                        "the error from now on and the step fails with a CUDA error")
     p.add_argument("--sharded-checkpoints", action="store_true",
                    help="checkpoints as a sharded job (FSDP, TP) writes them: restored only by the same world size")
     p.add_argument("--stall-section", default=None,
                    help="with --stall-at-step: stall inside this section, before the step's collective")
     args = p.parse_args()
     if args.fault_rank >= 0 and int(os.environ.get("RANK", "0")) != args.fault_rank:
-        args.stall_at_step = args.crash_at_step = -1
+        args.stall_at_step = args.crash_at_step = args.gpu_ecc_at_step = -1
+    host = os.environ.get("TRAINSUP_NODE_NAME") or socket.gethostname()
+    if args.fault_host and host != args.fault_host:
+        args.stall_at_step = args.crash_at_step = args.gpu_ecc_at_step = args.raise_at_step = -1
 
     if args.plain:
         dist.init_process_group("gloo")
@@ -146,6 +157,14 @@ def main():
                     time.sleep(3600)
             state["next_step"] = step + 1
             sup.maybe_checkpoint(step, state)
+            if step == args.gpu_ecc_at_step:
+                sup.event("fault_injected", kind="gpu_ecc", step=step, host=host)
+                nvml = os.environ.get("FAKE_NVML_FILE", "")
+                if nvml:
+                    with open(nvml.replace("%h", host), "w") as f:
+                        f.write("count=1 ecc0=1\n")
+                raise RuntimeError("CUDA error: unspecified launch failure\n"
+                                   "CUDA kernel errors might be asynchronously reported at some other API call")
             if step == args.crash_at_step:
                 sup.event("fault_injected", kind="crash", step=step)
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -13,20 +13,22 @@ LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 
 
 def test_slurm_sbatch_script():
-    path = os.path.join(LAUNCH, "slurm.sbatch")
+    """Syntax and shape only; tests/python/test_slurm.py runs this very script on a Slurm cluster."""
+    path = os.path.join(LAUNCH, "slurm", "train.sbatch")
     assert subprocess.run(["bash", "-n", path]).returncode == 0
     text = open(path).read()
     directives = re.findall(r"^#SBATCH\s+(\S+)", text, re.MULTILINE)
     assert directives and all(re.fullmatch(r"--[a-z-]+(=\S+)?", d) for d in directives), directives
-    assert "--nodes=5" in directives and "--ntasks-per-node=1" in directives
-    assert re.search(r'srun .*--output="logs/%x-%j-%N.out"', text)
-    assert "--kill-on-bad-exit=0" in text and "trainsup-run --nnodes=4:4" in text
+    assert "--ntasks-per-node=1" in directives and "--requeue" in directives
+    assert re.search(r'srun --output="%x-%j-%N.out"', text)
+    assert "--kill-on-bad-exit=0" in text and '--nnodes="$min:$active"' in text
     assert "trainsup quarantine exclude-arg" in text and "TRAINSUP_QUARANTINE_DIR" in text
     # Both rendezvous choices expand to torchrun flags (etcd-v2 when an etcd endpoint is given).
-    for env, want in (({}, "--rdzv_backend=c10d --rdzv_endpoint=n1:29400"),
+    for env, want in (({}, "--rdzv_backend=c10d --rdzv_endpoint=10.0.0.1:29400"),
                       ({"TRAINSUP_ETCD_ENDPOINT": "etcd1:2379"}, "--rdzv_backend=etcd-v2 --rdzv_endpoint=etcd1:2379")):
         block = text[text.index("if [[ -n \"${TRAINSUP_ETCD_ENDPOINT"):text.index("fi\n", text.index("rdzv=(")) + 3]
-        out = subprocess.run(["bash", "-c", 'head_node=n1; ' + block + 'echo "${rdzv[@]}"'],
+        out = subprocess.run(["bash", "-c", 'head_node=n1; head_addr=10.0.0.1; port=29400; ' + block +
+                              'echo "${rdzv[@]}"'],
                              env=dict({k: v for k, v in os.environ.items() if k != "TRAINSUP_ETCD_ENDPOINT"}, **env),
                              capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout.strip() == want, (env, out.stdout, out.stderr)

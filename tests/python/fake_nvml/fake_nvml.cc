@@ -3,13 +3,16 @@
 // signatures follow NVML's documented API: nvmlReturn_t is an int enum (0 = success,
 // 3 = not supported), nvmlDevice_t an opaque pointer, nvmlEnableState_t an int.
 //
-// The devices' state comes from the FAKE_NVML environment variable, read at nvmlInit_v2:
+// The devices' state comes from the FAKE_NVML environment variable (or FAKE_NVML_FILE, below),
+// read at nvmlInit_v2:
 //   "count=2 ecc1=3 retired_pending0 remap_pending1 remap_failed0 no_ecc1 init_fails"
 // (count of devices; uncorrectable volatile ECC errors of device i; pages pending retirement;
 // rows pending remapping; a failed remapping; ECC not supported; nvmlInit_v2 failing).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <unistd.h>
 
 extern "C" {
 
@@ -37,8 +40,38 @@ static int flag(const char* spec, const char* name, int index) {
   return 0;
 }
 
+// FAKE_NVML_FILE, when set, names a file whose first line replaces FAKE_NVML, read at every
+// nvmlInit_v2 (a GPU that goes bad while the job runs); "%h" in the name is this host's name,
+// so that one setting gives each simulated host a file of its own. No file: FAKE_NVML.
+static char file_spec[1024];
+
+static const char* specFromFile(void) {
+  const char* pattern = getenv("FAKE_NVML_FILE");
+  if (!pattern) return NULL;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  char path[1024];
+  size_t n = 0;
+  for (const char* p = pattern; *p && n + 1 < sizeof path; ++p) {
+    if (p[0] == '%' && p[1] == 'h') {
+      n += (size_t)snprintf(path + n, sizeof path - n, "%s", host);
+      if (n >= sizeof path) n = sizeof path - 1;
+      ++p;
+    } else {
+      path[n++] = *p;
+    }
+  }
+  path[n] = '\0';
+  FILE* f = fopen(path, "r");
+  if (!f) return NULL;
+  if (!fgets(file_spec, sizeof file_spec, f)) file_spec[0] = '\0';
+  fclose(f);
+  return file_spec;
+}
+
 int nvmlInit_v2(void) {
-  const char* spec = getenv("FAKE_NVML");
+  const char* spec = specFromFile();
+  if (!spec) spec = getenv("FAKE_NVML");
   if (!spec) spec = "";
   if (strstr(spec, "init_fails")) return 9;  // NVML_ERROR_DRIVER_NOT_LOADED
   memset(devices, 0, sizeof devices);
