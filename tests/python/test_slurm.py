@@ -116,3 +116,31 @@ def test_a_fault_on_n2_drains_it_and_the_array_resumes_on_n1_and_n3(tmp_path, fa
         resumed = [int(line.rsplit("resumed at step ", 1)[1].split()[0]) for line in rank_logs.splitlines()
                    if "resumed at step " in line]
         assert resumed and min(resumed) > 100, (resumed, logs)
+
+
+def test_a_single_job_is_requeued_without_the_drained_host_and_resumes(tmp_path):
+    """Not an array: with n2 drained the script requeues the job itself (`scontrol requeue`),
+    and Slurm places it again on n1 and n3, where it resumes from the checkpoint."""
+    with SlurmCluster(tmp_path / "cluster") as c:
+        jobs = c.dir / "jobs"
+        c.scontrol("update", "NodeName=n3", "State=DRAIN", "Reason=held for the test")
+        job = c.sbatch(["--nodes=2", "--job-name=requeue", str(SBATCH), str(TRAIN),
+                        "--steps", "400", "--checkpoint-every", "20", "--step-sleep-ms", "20",
+                        "--fault-host", "n2", "--gpu-ecc-at-step", "150", "--out", str(jobs / "final.pt")],
+                       cwd=jobs, env=_job_env(jobs))
+        c.wait_for(lambda: c.jobs(job) and c.jobs(job)[0][2] == "RUNNING", 60, "the job running")
+        assert c.jobs(job)[0][3] == "n[1-2]", c.jobs(job)
+        c.scontrol("update", "NodeName=n3", "State=RESUME")
+        c.wait_for(lambda: c.jobs(job)[0][2] in ("COMPLETED", "FAILED", "CANCELLED"), 420, f"job {job} ended")
+        logs = "\n".join(f"== {p.name}\n{p.read_text()[-3000:]}" for p in sorted(jobs.glob("*.out")))
+        row = c.jobs(job)[0]
+        assert row[2] == "COMPLETED" and row[3] == "n[1,3]", (row, logs)
+        show = c.scontrol("-o", "show", "job", job).stdout
+        assert "Restarts=1" in show, show
+        assert "requeueing job" in logs and c.node_states()["n2"].startswith("drain"), logs
+        assert (jobs / "final.pt").exists(), logs
+        # Both attempts append to the same per-node files (the script's --open-mode=append).
+        full = "\n".join(p.read_text() for p in jobs.glob(f"requeue-{job}-n*.out"))
+        resumed = [int(line.rsplit("resumed at step ", 1)[1].split()[0]) for line in full.splitlines()
+                   if "resumed at step " in line]
+        assert resumed and min(resumed) > 100, (resumed, logs)
