@@ -203,14 +203,6 @@ def test_closing_the_services_does_not_wait_out_the_coordinators_tick(tmp_path):
     store = dist.HashStore()
     a = NodeServices(store, "svc5", "host-a", 2, str(tmp_path / "a"))
     assert a.in_office
-    c = a.coordinator
-    woken = c.wait_verdicts(0.0)  # nothing waiting: False at once
-    assert woken is False
-    # One wake ends exactly one wait, with no verdict to take.
-    c.wake()
-    t0 = time.monotonic()
-    assert c.wait_verdicts(60.0) is False
-    assert time.monotonic() - t0 < 30.0  # woken, not timed out
     entered, real_pause = threading.Event(), a._pause
 
     def long_pause(seconds):  # a 60 s tick; a wake() that comes before the wait still ends it
@@ -223,3 +215,24 @@ def test_closing_the_services_does_not_wait_out_the_coordinators_tick(tmp_path):
     took = time.monotonic() - t0
     assert not a._thread.is_alive()
     assert took < 30.0, took  # the join's own limit is 5 s; the wait would have run 60 s
+
+
+def test_one_wake_ends_one_wait_of_the_coordinator(tmp_path):
+    store = dist.HashStore()
+    a = NodeServices(store, "svc6", "host-a", 2, str(tmp_path / "a"))
+    c = a.coordinator
+    a._stop.set()  # the tick thread, which waits on c too, goes first: this test's waits are its own
+    c.wake()
+    a._thread.join(10)
+    assert not a._thread.is_alive()
+    try:
+        assert c.wait_verdicts(0.0) is False  # nothing waiting, no wake pending: False at once
+        c.wake()
+        t0 = time.monotonic()
+        assert c.wait_verdicts(60.0) is False  # woken, with no verdict to take
+        assert time.monotonic() - t0 < 30.0
+        t0 = time.monotonic()
+        assert c.wait_verdicts(0.2) is False  # the wake was used up: this one times out
+        assert time.monotonic() - t0 >= 0.15
+    finally:
+        a.close()

@@ -123,9 +123,15 @@ class SnapshotService:
             self._event("snapshot_memory_swept", paths=[p for p, _ in swept], bytes=sum(b for _, b in swept))
         # Should the agent die without close() (killed, out of memory), a janitor frees the
         # memory: a small process that the kernel signals when the agent dies (PR_SET_PDEATHSIG).
+        # It imports this very trainsup, wherever the agent found it (an in-tree or PYTHONPATH-less
+        # run: a janitor that cannot import trainsup frees nothing).
+        package_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        janitor_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (package_parent, os.environ.get("PYTHONPATH", "")) if p))
         self._janitor = subprocess.Popen([sys.executable, "-m", "trainsup.launch.snapshots", "--janitor", self.dir,
                                           str(os.getpid())],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+                                         env=janitor_env)
         self.token = first_set(store, self._key("token"), secrets.token_hex(16))
         self._round: Optional[Tuple[int, int, int]] = None  # (round, group rank, group world)
         self._peer: Optional[Tuple[int, Optional[str]]] = None  # (round, host) once looked up
