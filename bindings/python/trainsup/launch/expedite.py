@@ -37,7 +37,9 @@ def expedite_round(agent):
         hosts = None  # the last round's hosts: read once, when first needed
         # At the rendezvous's own polling pace (compat.shorten_rendezvous_polls).
         while not done.wait(compat.rendezvous_poll_s()):
-            # Inside a fixed allocation a round short of hosts may wait for nobody: requeue.
+            # This host quarantined meanwhile leaves; inside a fixed allocation a round short of
+            # hosts may wait for nobody: requeue.
+            agent._leave_if_quarantined()
             agent._requeue_if_exhausted()
             try:
                 forming = compat.forming_round(inner)

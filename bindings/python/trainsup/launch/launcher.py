@@ -223,11 +223,15 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         try:
             hosts = self.liveness.hosts_of_round(self.round, self.world)
             # Asked again while the round forms: a host found lost meanwhile is no longer waited for.
-            result = self.fast_restart(lambda: self._requeue_if_exhausted() or expected_back(self, hosts))
+            # This host may be quarantined while the round forms (the verdict naming it can come
+            # after its own worker's exit brought it here): it leaves then, not later.
+            result = self.fast_restart(lambda: self._leave_if_quarantined() or self._requeue_if_exhausted()
+                                       or expected_back(self, hosts))
         except Exception as e:  # torch's protocol still forms the round
             self.events.write("rendezvous_fast", outcome="fallback", reason=f"{type(e).__name__}: {e}")
             return None
         if result is None:
+            self._leave_if_quarantined()
             self.events.write("rendezvous_fast", outcome="fallback", reason=self.fast_restart.last)
         else:
             self.events.write("rendezvous_fast", outcome="written", phases=self.fast_restart.phases)

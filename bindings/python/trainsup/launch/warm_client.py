@@ -75,7 +75,10 @@ def main():
         status += chunk
     end = json.loads(status)
     if end.get("signal"):
-        signal.signal(end["signal"], signal.SIG_DFL)
+        try:
+            signal.signal(end["signal"], signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass  # SIGKILL and SIGSTOP take no handler: their default is all they have
         os.kill(os.getpid(), end["signal"])
     os._exit(int(end.get("code", 1)))
 

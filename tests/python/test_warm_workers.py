@@ -1,0 +1,41 @@
+"""Warm worker starts (trainsup/launch/zygote.py, warm_client.py): torchrun's child is the warm
+client, and torchrun reads the worker's end from it, so the client must end as the worker did:
+its exit code, or death by its signal. A SIGKILLed worker's client raised instead (signal()
+refuses SIGKILL) and exited 1: the agent classified a killed worker as a Python error (CI)."""
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import trainsup.launch.warm_client as warm_client
+
+CLIENT = warm_client.__file__
+
+
+@pytest.fixture(scope="module")
+def zygote_socket(tmp_path_factory):
+    sock = str(tmp_path_factory.mktemp("zygote") / "z.sock")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    z = subprocess.Popen([sys.executable, "-m", "trainsup.launch.zygote", sock, "--imports", "json"],
+                         stdout=subprocess.PIPE, text=True, env=env)
+    assert z.stdout.readline().strip() == "listening"
+    yield sock
+    z.terminate()
+    z.wait(10)
+
+
+@pytest.mark.parametrize("body, want", [
+    ("raise SystemExit(3)", 3),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -signal.SIGKILL),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
+    ("print('fine')", 0),
+])
+def test_the_client_ends_as_its_worker_did(zygote_socket, tmp_path, body, want):
+    script = tmp_path / "w.py"
+    script.write_text(body + "\n")
+    p = subprocess.run([sys.executable, CLIENT, zygote_socket, str(script)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == want, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
