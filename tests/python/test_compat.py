@@ -351,105 +351,100 @@ def _in_threads(calls, timeout=90):
     return results
 
 
-def test_a_fast_restart_gives_every_survivor_torchs_round_and_ranks(monkeypatch):
+@pytest.fixture
+def rendezvous_nodes(monkeypatch):
+    """rendezvous_nodes(n, min, max, run_id): n of torch's rendezvous handlers on one store
+    (_handlers), their keep-alives stopped after the test."""
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    made = []
+
+    def make(*args):
+        made.extend(_handlers(*args))
+        return made[-args[0]:]
+    yield make
+    for h in made:
+        h._stop_heartbeats()
+
+
+def test_a_fast_restart_gives_every_survivor_torchs_round_and_ranks(rendezvous_nodes):
     """Six nodes restart through the round written once: each gets what torch's protocol would
     give (the next round, complete, ranks in sorted node order, the world), and torch's own
     protocol carries on from that state."""
     from trainsup.launch.fast_round import FastRestart
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     n = 6
-    handlers = _handlers(n, n, n, "fast")
-    try:
-        first = _in_threads([lambda h=h: compat.unpack_rendezvous(h.next_rendezvous()) for h in handlers])
-        assert sorted(r[1] for r in first) == list(range(n))
-        fast = [FastRestart(h, "fast") for h in handlers]
-        infos = _in_threads([lambda f=f: f() for f in fast])
-        assert [f.last for f in fast] == ["fast"] * n
-        got = [compat.unpack_rendezvous(i) for i in infos]
-        order = sorted(range(n), key=lambda i: compat.node_desc(handlers[i]))
-        assert [got[i][1] for i in order] == list(range(n)) and {g[2] for g in got} == {n}
-        assert {compat.round_of(h) for h in handlers} == {1}
-        got[0][0].set("written-in-round-1", "x")  # the round's store is round 1's, as torch's
-        assert handlers[1]._get_store().get("written-in-round-1") == b"x"
-        again = _in_threads([lambda h=h: compat.unpack_rendezvous(h.next_rendezvous()) for h in handlers])
-        assert sorted(r[1] for r in again) == list(range(n)) and {compat.round_of(h) for h in handlers} == {2}
-    finally:
-        for h in handlers:
-            h._stop_heartbeats()
+    handlers = rendezvous_nodes(n, n, n, "fast")
+    first = _in_threads([lambda h=h: compat.unpack_rendezvous(h.next_rendezvous()) for h in handlers])
+    assert sorted(r[1] for r in first) == list(range(n))
+    fast = [FastRestart(h, "fast") for h in handlers]
+    infos = _in_threads([lambda f=f: f() for f in fast])
+    assert [f.last for f in fast] == ["fast"] * n
+    got = [compat.unpack_rendezvous(i) for i in infos]
+    order = sorted(range(n), key=lambda i: compat.node_desc(handlers[i]))
+    assert [got[i][1] for i in order] == list(range(n)) and {g[2] for g in got} == {n}
+    assert {compat.round_of(h) for h in handlers} == {1}
+    got[0][0].set("written-in-round-1", "x")  # the round's store is round 1's, as torch's
+    assert handlers[1]._get_store().get("written-in-round-1") == b"x"
+    again = _in_threads([lambda h=h: compat.unpack_rendezvous(h.next_rendezvous()) for h in handlers])
+    assert sorted(r[1] for r in again) == list(range(n)) and {compat.round_of(h) for h in handlers} == {2}
 
 
-def test_a_fast_restart_drops_the_lost_node_and_gives_its_place_to_the_spare(monkeypatch):
+def test_a_fast_restart_drops_the_lost_node_and_gives_its_place_to_the_spare(rendezvous_nodes):
     from trainsup.launch.fast_round import FastRestart
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    handlers = _handlers(4, 2, 3, "fast-spare")
+    handlers = rendezvous_nodes(4, 2, 3, "fast-spare")
     active, spare = handlers[:3], handlers[3]
-    try:
-        _in_threads([lambda h=h: h.next_rendezvous() for h in active])
-        spare_result = []
-        waiting = threading.Thread(target=lambda: spare_result.append(compat.unpack_rendezvous(spare.next_rendezvous())),
-                                   daemon=True)
-        waiting.start()
-        deadline = time.monotonic() + 30
-        while compat.node_desc(spare) not in compat.completed_round(active[0])[2] and time.monotonic() < deadline:
-            time.sleep(0.05)  # the spare joins on its own thread: poll the state, bounded by the deadline
-        lost = max(active, key=compat.node_desc)  # not the writer
-        lost._stop_heartbeats()
-        survivors = [compat.node_desc(h) for h in active if h is not lost]
-        fast = [FastRestart(h, "fast-spare") for h in active if h is not lost]
-        infos = _in_threads([lambda f=f: f(survivors) for f in fast])
-        waiting.join(30)
-        assert [f.last for f in fast] == ["fast", "fast"]
-        worlds = {compat.unpack_rendezvous(i)[2] for i in infos} | {spare_result[0][2]}
-        assert worlds == {3}
-        st = compat.synced_state(spare)
-        assert compat.node_desc(lost) not in [list(dataclasses.astuple(d)) for d in st.participants]
-        assert sorted([compat.unpack_rendezvous(i)[1] for i in infos] + [spare_result[0][1]]) == [0, 1, 2]
-    finally:
-        for h in handlers:
-            h._stop_heartbeats()
+    _in_threads([lambda h=h: h.next_rendezvous() for h in active])
+    spare_result = []
+    waiting = threading.Thread(target=lambda: spare_result.append(compat.unpack_rendezvous(spare.next_rendezvous())),
+                               daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while compat.node_desc(spare) not in compat.completed_round(active[0])[2] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the spare joins on its own thread: poll the state, bounded by the deadline
+    lost = max(active, key=compat.node_desc)  # not the writer
+    lost._stop_heartbeats()
+    survivors = [compat.node_desc(h) for h in active if h is not lost]
+    fast = [FastRestart(h, "fast-spare") for h in active if h is not lost]
+    infos = _in_threads([lambda f=f: f(survivors) for f in fast])
+    waiting.join(30)
+    assert [f.last for f in fast] == ["fast", "fast"]
+    worlds = {compat.unpack_rendezvous(i)[2] for i in infos} | {spare_result[0][2]}
+    assert worlds == {3}
+    st = compat.synced_state(spare)
+    assert compat.node_desc(lost) not in [list(dataclasses.astuple(d)) for d in st.participants]
+    assert sorted([compat.unpack_rendezvous(i)[1] for i in infos] + [spare_result[0][1]]) == [0, 1, 2]
 
 
-def test_a_fast_restart_falls_back_when_the_writer_never_comes(monkeypatch):
+def test_a_fast_restart_falls_back_when_the_writer_never_comes(rendezvous_nodes):
     from trainsup.launch.fast_round import FastRestart
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    handlers = _handlers(3, 3, 3, "fast-none")
-    try:
-        _in_threads([lambda h=h: h.next_rendezvous() for h in handlers])
-        writer = min(handlers, key=compat.node_desc)  # it never calls: dead, or on torch's path
-        rest = [FastRestart(h, "fast-none", writer_timeout_s=0.5, grace_s=0.5)
-                for h in handlers if h is not writer]
-        t0 = time.monotonic()
-        assert _in_threads([lambda f=f: f() for f in rest]) == [None, None]
-        assert [f.last for f in rest] == ["the writer did not answer"] * 2 and time.monotonic() - t0 < 10
-        assert {compat.round_of(h) for h in handlers} == {0}  # nothing written: torch's protocol takes over
-    finally:
-        for h in handlers:
-            h._stop_heartbeats()
+    handlers = rendezvous_nodes(3, 3, 3, "fast-none")
+    _in_threads([lambda h=h: h.next_rendezvous() for h in handlers])
+    writer = min(handlers, key=compat.node_desc)  # it never calls: dead, or on torch's path
+    rest = [FastRestart(h, "fast-none", writer_timeout_s=0.5, grace_s=0.5)
+            for h in handlers if h is not writer]
+    t0 = time.monotonic()
+    assert _in_threads([lambda f=f: f() for f in rest]) == [None, None]
+    assert [f.last for f in rest] == ["the writer did not answer"] * 2 and time.monotonic() - t0 < 10
+    assert {compat.round_of(h) for h in handlers} == {0}  # nothing written: torch's protocol takes over
 
 
-def test_when_the_writer_is_found_lost_the_next_survivor_writes_the_round(monkeypatch):
+def test_when_the_writer_is_found_lost_the_next_survivor_writes_the_round(rendezvous_nodes):
     """The survivors are asked again while the round forms: the first in order never comes and
     is then reported lost, and the next one writes the round instead of everyone waiting out the
     writer's deadline and falling back."""
     from trainsup.launch.fast_round import FastRestart
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    handlers = _handlers(3, 2, 3, "fast-lost")
-    try:
-        _in_threads([lambda h=h: h.next_rendezvous() for h in handlers])
-        dead = min(handlers, key=compat.node_desc)
-        dead._stop_heartbeats()
-        everyone = [compat.node_desc(h) for h in handlers]
-        reported = threading.Event()  # the liveness verdict on the dead node
-        survivors = lambda: [d for d in everyone if not (reported.is_set() and d == compat.node_desc(dead))]  # noqa: E731
-        rest = [FastRestart(h, "fast-lost", writer_timeout_s=30, grace_s=30) for h in handlers if h is not dead]
-        threading.Timer(1.0, reported.set).start()
-        t0 = time.monotonic()
-        infos = _in_threads([lambda f=f: f(survivors) for f in rest])
-        assert [f.last for f in rest] == ["fast", "fast"] and time.monotonic() - t0 < 10
-        assert sorted(compat.unpack_rendezvous(i)[1:] for i in infos) == [(0, 2), (1, 2)]
-    finally:
-        for h in handlers:
-            h._stop_heartbeats()
+    handlers = rendezvous_nodes(3, 2, 3, "fast-lost")
+    _in_threads([lambda h=h: h.next_rendezvous() for h in handlers])
+    dead = min(handlers, key=compat.node_desc)
+    dead._stop_heartbeats()
+    everyone = [compat.node_desc(h) for h in handlers]
+    reported = threading.Event()  # the liveness verdict on the dead node
+    survivors = lambda: [d for d in everyone if not (reported.is_set() and d == compat.node_desc(dead))]  # noqa: E731
+    rest = [FastRestart(h, "fast-lost", writer_timeout_s=30, grace_s=30) for h in handlers if h is not dead]
+    threading.Timer(1.0, reported.set).start()
+    t0 = time.monotonic()
+    infos = _in_threads([lambda f=f: f(survivors) for f in rest])
+    assert [f.last for f in rest] == ["fast", "fast"] and time.monotonic() - t0 < 10
+    assert sorted(compat.unpack_rendezvous(i)[1:] for i in infos) == [(0, 2), (1, 2)]
 
 
 def test_stopping_torchruns_log_tailing_does_not_wait_out_its_pause(tmp_path):
