@@ -163,6 +163,31 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, 9)
                 p.wait(5)
+        # A job step's slurmstepd runs in a session of its own and outlives its slurmd when a job
+        # was still ending (seen after a test timed out): this cluster's are ended here.
+        for pid in self._own_stepds():
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+    def _own_stepds(self):
+        """Pids of the slurmstepd processes started for this cluster (their SLURM_CONF is ours)."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if not f.read().startswith(b"slurmstepd"):
+                        continue
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mine in f.read().split(b"\0"):
+                        pids.append(int(entry))
+            except OSError:
+                continue
+        return pids
 
     def __enter__(self):
         try:
