@@ -68,7 +68,7 @@ class FastRestart:
             return None
         rnd, participants, waiting = got
         me = compat.node_desc(self.inner)
-        expected = current() if callable(survivors) else survivors
+        expected = current()
         if callable(survivors) and expected is None:
             self.last = "a survivor's node is not known"
             return None
@@ -76,8 +76,6 @@ class FastRestart:
         done_key = f"{prefix}/done"
         self.store.set(f"{prefix}/in/{_key(me)}", "1")
         while True:
-            now_expected = current()
-            expected = now_expected if now_expected is not None else expected
             back = [d for d in participants if expected is None or d in expected]
             if me not in back:
                 self.last = "this node is not among the survivors"
@@ -106,6 +104,8 @@ class FastRestart:
                 self.store.wait(wait_for, datetime.timedelta(seconds=self.SLICE_S))
             except Exception:
                 pass  # a slice ended: look again at who is expected
+            now_expected = current()
+            expected = now_expected if now_expected is not None else expected
         t = self._phase("wait", t)
         answer = self.store.get(done_key)
         if answer != str(rnd + 1).encode():
