@@ -236,3 +236,41 @@ def test_one_wake_ends_one_wait_of_the_coordinator(tmp_path):
         assert time.monotonic() - t0 >= 0.15
     finally:
         a.close()
+
+
+def test_a_worker_killed_on_the_coordinators_own_host_is_named_before_its_agent_restarts(tmp_path):
+    """The coordinator lives in host-a's agent and host-a's worker is killed: torchrun sees the
+    exit within its 0.02 s monitor interval and the agent restarts, while the closed connection
+    reaches the coordinator through host-a's node monitor (forwarded every 0.05 s). The agent
+    closed its coordinator before it had named the rank: the job restarted with the failed host
+    in it (seen once in CI's grow scenario). flush(settle_s) waits for that verdict, bounded."""
+    from trainsup.launch.launcher import VERDICT_SETTLE_S
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    a = NodeServices(store, "svc7", "host-a", 2, str(tmp_path / "a"))
+    b = NodeServices(store, "svc7", "host-b", 2, str(tmp_path / "b"))
+    ranks = []
+    try:
+        assert a.in_office
+        ranks = [_rank(tmp_path, 0, "host-a", a), _rank(tmp_path, 1, "host-b", b)]
+        key = "trainsup/telemetry/svc7/ranks"
+        _until(lambda: len(json.loads(peek(store, key) or "[]")) == 2, 60, "rank table not published")
+        a._stop.set()
+        a.coordinator.wake()
+        a._thread.join(10)  # no tick of its own: only the flush can publish what comes now
+        ranks[0].send_signal(signal.SIGKILL)
+        ranks[0].wait()  # reaped, as torchrun's monitor does before the agent restarts
+        t0 = time.monotonic()
+        a.flush(settle_s=VERDICT_SETTLE_S)
+        took = time.monotonic() - t0
+        v = a.first_verdict()
+        assert v is not None and v["ranks"] == [0] and v["hosts"] == ["host-a"], v
+        print(f"[measure] worker killed on the coordinator's host: {v['kind']} published {took * 1e3:.0f} ms "
+              f"after its exit was seen")
+        assert took < VERDICT_SETTLE_S + 0.2, took
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        a.close()
+        b.close()

@@ -55,6 +55,11 @@ __all__ = ["TrainsupRendezvousHandler"]
 _INCOMPATIBLE = re.compile(r"were written by world size (\d+), this job has (\d+)")
 
 
+# How long a restart waits for this agent's coordinator to name its failed workers, at most
+# (NodeServices.flush): 5 node-monitor forwarding intervals.
+VERDICT_SETTLE_S = 0.25
+
+
 class TrainsupRendezvousHandler(RendezvousHandler):
     def __init__(self, inner, settings):
         self.inner = inner
@@ -172,7 +177,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         if self.services is not None:
             # The round ended, perhaps on our coordinator's own abort order moments ago: its
             # verdict goes to the store and is acted on now, before the services close.
-            self.services.flush()
+            # A round ended by this host's own failed workers (not for nodes that joined): our
+            # coordinator may still be reaching its verdict on them.
+            self.services.flush(settle_s=0.0 if self.waiting.answer else VERDICT_SETTLE_S)
             self.watch.act_now()
             self._check_repeated_desync()
         joined = self._membership_change()

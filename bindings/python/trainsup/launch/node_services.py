@@ -216,12 +216,27 @@ class NodeServices:
                 self.store.set(telemetry_key(self.job_id, "ranks"), text)
                 self._last_table = text
 
-    def flush(self) -> None:
+    def flush(self, settle_s: float = 0.0) -> None:
         """Publishes now what our coordinator concluded and the 0.2 s tick has not published
         yet. The agent calls it when the round ends: the ranks exit on the coordinator's own
         abort order at once, and an agent that restarted before the next tick closed the
         coordinator with the verdict still in it; the other agents then took the office over
-        and named this host's ranks for their silence (a healthy host quarantined)."""
+        and named this host's ranks for their silence (a healthy host quarantined).
+
+        settle_s: the round ended because this host's own workers failed. When our coordinator
+        is in office and has reached no verdict yet, it may be on its way: a killed worker's
+        closed connection reaches it through this host's node monitor (forwarded every 0.05 s),
+        while torchrun noticed the exit within its 0.02 s monitor interval. Wait up to settle_s
+        for it (returning as soon as there is one); else the coordinator closed with the
+        failure unnamed and the job restarted with the failed host in it."""
+        c = self.coordinator
+        if settle_s > 0 and c is not None and self.in_office:
+            deadline = time.monotonic() + settle_s
+            while not self._published_verdict and self._unpublished is None:
+                left = deadline - time.monotonic()
+                # The tick thread may take the verdict first (and publish it): short slices.
+                if left <= 0 or c.wait_verdicts(min(0.02, left)):
+                    break
         with self._tick_lock:
             try:
                 self._publish()
