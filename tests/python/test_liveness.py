@@ -313,3 +313,27 @@ def test_a_watcher_that_looked_late_does_not_take_a_regular_host_for_a_slow_one(
         a.check()
     _tick(clock, a, b, 5, b_beats=False)
     assert len(lost) == 1 and lost[0][0] == "host-b"
+
+
+def test_the_restarts_membership_check_costs_one_read_while_nothing_changes_and_sees_each_change():
+    """While a round forms, every agent asks every poll which of the last round's hosts can come
+    back (expedite.expected_back): current_node() per host made that two store reads per host
+    per agent per poll, O(hosts^2) on one store. current_nodes() reads the membership counter
+    and re-reads the hosts only after an agent started or left."""
+    store, clock = CountingStore(), Clock()
+    agents = [HostLiveness(store, "run", f"host-{i}", [f"h{i}", i, 0], lambda *a: None, clock=clock, start=False)
+              for i in range(64)]
+    hosts = [a.host for a in agents]
+    me = agents[0]
+    first = me.current_nodes(hosts)
+    assert first == {h: me.current_node(h) for h in hosts} and first["host-5"] == (["h5", 5, 0], False)
+    me.current_nodes(hosts[1:])  # the allocation check asks about the others: no re-read for that
+    before = store.ops
+    for _ in range(10):
+        assert me.current_nodes(hosts) == first
+        assert me.current_nodes(hosts[1:]) == {h: first[h] for h in hosts[1:]}
+    assert store.ops - before == 20  # one read of the counter per call, at 64 hosts
+    agents[5].left()
+    assert me.current_nodes(hosts)["host-5"] == (["h5", 5, 0], True)
+    HostLiveness(store, "run", "host-7", ["h7-new", 99, 0], lambda *a: None, clock=clock, start=False)
+    assert me.current_nodes(hosts)["host-7"] == (["h7-new", 99, 0], False)

@@ -72,3 +72,27 @@ def test_remove_releases_the_host_for_a_running_job_too(tmp_path):
     assert agents_view.get("node5")["verdict"] == "dead_host"
     os.remove(tmp_path / "node5.json")  # a host that does not share the directory: the store's copy counts
     assert agents_view.get("node5")["verdict"] == "dead_host"
+
+
+def test_records_reads_again_only_after_a_change_and_sees_every_kind_of_change(tmp_path):
+    """Quarantine.records(hosts), asked every poll by every agent while a round forms: one stat
+    and one store read while nothing changes; a record written by an agent on another directory
+    (its store copy), by an operator's command in this directory, and a release are all seen."""
+    from test_liveness import CountingStore
+    store = CountingStore()
+    hosts = [f"host-{i}" for i in range(64)]
+    here = Quarantine(str(tmp_path / "shared"), store)
+    elsewhere = Quarantine(str(tmp_path / "other-fs"), store)  # an agent that does not share the directory
+    old = os.stat(here.dir).st_mtime - 10
+    os.utime(here.dir, (old, old))  # settled: its mtime tells every later change
+    assert here.records(hosts) == {} and here.records(hosts[1:]) == {}
+    before = store.ops
+    for _ in range(10):
+        assert here.records(hosts) == {} and here.records(hosts[1:]) == {}
+    assert store.ops - before == 20  # the callers ask about different lists: still one read a call
+    elsewhere.add("host-3", reason="hung", verdict="hung_rank")
+    assert list(here.records(hosts)) == ["host-3"]
+    Quarantine(here.dir).add("host-9", reason="ECC", verdict="manual")  # an operator, no store
+    assert sorted(here.records(hosts)) == ["host-3", "host-9"]
+    Quarantine(here.dir).remove("host-3")  # released by an operator: outranks the store copy
+    assert list(here.records(hosts)) == ["host-9"]

@@ -43,7 +43,7 @@ import json
 import os
 from typing import Any, Optional
 
-__all__ = ["telemetry_key", "agent_key", "lost_claim_key", "round_key", "agents_count_key", "agent_list_key", "slow_changes_key", "restarts_key", "give_up_key", "cuda_fault_key", "cuda_fault_count_key", "quarantine_key", "agent_events_file", "faults_file", "quarantine_dir"]
+__all__ = ["telemetry_key", "agent_key", "lost_claim_key", "round_key", "agents_count_key", "agent_list_key", "slow_changes_key", "membership_changes_key", "quarantine_changes_key", "restarts_key", "give_up_key", "cuda_fault_key", "cuda_fault_count_key", "quarantine_key", "agent_events_file", "faults_file", "quarantine_dir"]
 
 
 def telemetry_key(job_id: str, name: str) -> str:
@@ -93,6 +93,16 @@ def cuda_fault_count_key(run_id: str, rnd: int) -> str:
 
 def quarantine_key(host: str) -> str:
     return f"trainsup/quarantine/{host}"
+
+
+def quarantine_changes_key() -> str:
+    """A counter every store write of a quarantine record (add, remove) moves."""
+    return "trainsup/quarantine_changes"
+
+
+def membership_changes_key(run_id: str) -> str:
+    """A counter that moves when an agent of the job starts (its node key) or leaves on purpose."""
+    return f"agents/{run_id}/membership_changes"
 
 
 def agent_events_file(run_dir: str, host: str) -> str:

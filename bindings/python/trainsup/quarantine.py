@@ -22,7 +22,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from ._trainsup import EXIT_QUARANTINED  # noqa: F401  (trainsup/exit_codes.h: 95)
-from .names import quarantine_dir, quarantine_key
+from .names import quarantine_changes_key, quarantine_dir, quarantine_key
 
 __all__ = ["Quarantine", "run_commands", "default_dir", "DEFAULT_TTL_S", "EXIT_QUARANTINED"]
 
@@ -45,6 +45,7 @@ class Quarantine:
         self.dir = directory or default_dir()
         self.store = store
         os.makedirs(self.dir, exist_ok=True)
+        self._cache: Tuple[Any, Dict[str, Optional[Dict[str, Any]]]] = (None, {})  # records(): (read at, host -> record)
 
     def _path(self, host: str) -> str:
         return os.path.join(self.dir, _safe(host) + ".json")
@@ -82,6 +83,7 @@ class Quarantine:
         self._write_atomically(self._path(host), json.dumps(record))
         if self.store is not None:
             self.store.set(quarantine_key(host), json.dumps(record))
+            self.store.add(quarantine_changes_key(), 1)
         return record
 
     def remove(self, host: str) -> bool:
@@ -96,6 +98,7 @@ class Quarantine:
         if self.store is not None:
             try:
                 self.store.delete_key(quarantine_key(host))
+                self.store.add(quarantine_changes_key(), 1)
             except Exception:
                 pass
         return removed
@@ -119,6 +122,34 @@ class Quarantine:
         if record is not None and record.get("expiry", 0) <= time.time():
             return None
         return record
+
+    # A directory whose mtime is at least this old is trusted to show every change since (file
+    # systems keep mtimes in coarse ticks: two changes in one tick look like one).
+    MTIME_SETTLED_S = 1.0
+
+    def records(self, hosts: List[str]) -> Dict[str, Dict[str, Any]]:
+        """{host: live record} for those of `hosts` that are quarantined: get() of each, but
+        read again only when something changed since the last call (the directory's mtime, the
+        store's change counter): an agent that asks every poll about every host of a large job
+        costs one stat and one store read while nothing changes, not one of each per host."""
+        changes = None
+        if self.store is not None:
+            from .launch.store import peek
+            changes = peek(self.store, quarantine_changes_key())
+        try:
+            mtime_ns = os.stat(self.dir).st_mtime_ns
+        except FileNotFoundError:
+            mtime_ns = None
+        key = (changes, mtime_ns)
+        settled = mtime_ns is not None and time.time() - mtime_ns / 1e9 >= self.MTIME_SETTLED_S
+        if not settled or self._cache[0] != key:
+            self._cache = (key, {})
+        known = self._cache[1]  # per host (record or None): the callers ask about different lists
+        for h in hosts:
+            if h not in known:
+                known[h] = self.get(h)
+        now = time.time()
+        return {h: r for h in hosts if (r := known[h]) is not None and r.get("expiry", 0) > now}
 
     def list(self) -> List[Dict[str, Any]]:
         out = []

@@ -232,8 +232,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             # Asked again while the round forms: a host found lost meanwhile is no longer waited for.
             # This host may be quarantined while the round forms (the verdict naming it can come
             # after its own worker's exit brought it here): it leaves then, not later.
-            result = self.fast_restart(lambda: self._leave_if_quarantined() or self._requeue_if_exhausted()
-                                       or expected_back(self, hosts))
+            result = self.fast_restart(lambda: self._leave_if_out() or expected_back(self, hosts))
         except Exception as e:  # torch's protocol still forms the round
             self.events.write("rendezvous_fast", outcome="fallback", reason=f"{type(e).__name__}: {e}")
             return None
@@ -365,17 +364,19 @@ class TrainsupRendezvousHandler(RendezvousHandler):
     def _allocation_exhausted(self):
         """Why the job cannot re-form in its allocation (allocation.py), or None: fewer of the
         allocation's hosts are left, once the quarantined and the lost or departed are taken
-        out, than the rendezvous's minimum."""
+        out, than the rendezvous's minimum. (Asked every poll while a round forms: batched
+        reads, one store read each while nothing changes.)"""
         hosts = self.settings.get("allocation_hosts")
         if not hosts:
             return None
+        others = [h for h in hosts if h != self.node]  # here: a quarantined host left before it asks
+        quarantined = self.quarantine.records.records(others)
+        members = self.liveness.current_nodes(others)
         out = []
-        for h in hosts:
-            if h == self.node:
-                continue  # here (a quarantined host left before it asks)
-            if self.quarantine.get(h) is not None:
+        for h in others:
+            if h in quarantined:
                 out.append(f"{h} (quarantined)")
-            elif self.liveness.current_node(h)[1]:
+            elif members[h][1]:
                 out.append(f"{h} (lost or left)")
         need = compat.min_nodes(self.inner)
         left = len(hosts) - len(out)
@@ -383,6 +384,12 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             return None
         return (f"the allocation's hosts {','.join(hosts)} have {left} left and the job needs {need} "
                 f"(--nnodes minimum): out are {', '.join(out)}; no other host can join this allocation")
+
+    def _leave_if_out(self):
+        """While a round forms: this host quarantined leaves (95), an exhausted allocation ends
+        the job for a requeue (97); returns None otherwise."""
+        self._leave_if_quarantined()
+        return self._requeue_if_exhausted()
 
     def _requeue_if_exhausted(self):
         """Ends this agent with EXIT_REQUEUE (97) when the allocation is exhausted; returns None

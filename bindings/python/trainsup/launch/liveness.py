@@ -62,7 +62,7 @@ import json
 import math
 import threading
 import time
-from typing import Any, Deque, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from .. import names
 from .store import peek
@@ -131,7 +131,9 @@ class HostLiveness:
         self.slow = False
         self._slow_cache: Tuple[Any, List[str]] = (None, [])  # ((slow_changes, hosts), slow hosts among them)
         self._slow_lock = threading.Lock()
+        self._members_cache: Tuple[Any, Dict[str, Any]] = (None, {})  # current_nodes(): (key, answers)
         self.store.set(self._key(host, "node"), self._node)
+        self.store.add(names.membership_changes_key(run_id), 1)  # after the node key: see current_nodes
         if peek(self.store, self._key(host, "slow")):
             self._publish_slow()  # an earlier agent of this host left it slow: this one starts afresh
         self.store.set(names.agent_list_key(run_id, self.store.add(names.agents_count_key(run_id), 1) - 1), host)
@@ -219,11 +221,28 @@ class HostLiveness:
         gone = (host, text) in self._lost or (text is not None and peek(self.store, self._key(host, "left")) == text)
         return (json.loads(text) if text else None), gone
 
+    def current_nodes(self, hosts):
+        """{host: current_node(host)} for each of `hosts`, read again only when an agent of the
+        job started or left since the last call, or this agent reported one lost: one store
+        read (the membership counter) while nothing changed, not two per host. (Writers set
+        their key before moving the counter, and the counter is read first here, so a change
+        is never cached under a count from after it.)"""
+        changes = peek(self.store, names.membership_changes_key(self.run_id))
+        key = (changes, len(self._lost))
+        if changes is None or self._members_cache[0] != key:
+            self._members_cache = (key, {})
+        known = self._members_cache[1]  # per host: the callers ask about different lists
+        for h in hosts:
+            if h not in known:
+                known[h] = self.current_node(h)
+        return {h: known[h] for h in hosts}
+
     def left(self):
         """This agent ends on purpose: nobody should report it lost."""
         self._stop.set()
         try:
             self.store.set(self._key(self.host, "left"), self._node)
+            self.store.add(names.membership_changes_key(self.run_id), 1)
             if self.slow:
                 with self._slow_lock:
                     self.slow = False
