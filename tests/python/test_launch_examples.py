@@ -56,4 +56,11 @@ def test_kubernetes_manifests():
     assert f"--rdzv_endpoint={job['metadata']['name']}-0.{svc['metadata']['name']}:29400" in c["args"]
     env = {e["name"]: e for e in c["env"]}
     assert env["TRAINSUP_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert {"TRAINSUP_RUN_DIR", "TRAINSUP_QUARANTINE_DIR", "TRAINSUP_QUARANTINE_COMMANDS"} <= set(env)
+    assert {"TRAINSUP_RUN_DIR", "TRAINSUP_QUARANTINE_DIR"} <= set(env)
+    assert env["TRAINSUP_KUBERNETES_QUARANTINE"]["value"] == "1"
+    # The agents' ServiceAccount is the one rbac.yaml binds (tested against an API server by
+    # tests/python/test_kubernetes.py, run by scripts/k8s-check.sh).
+    with open(os.path.join(LAUNCH, "kubernetes", "rbac.yaml")) as f:
+        rbac = {d["kind"]: d for d in yaml.safe_load_all(f) if d}
+    assert pod["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"]
+    assert rbac["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]

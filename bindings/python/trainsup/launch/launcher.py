@@ -74,7 +74,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.quarantine = AgentQuarantine(Quarantine(settings["quarantine_dir"], self.store), self.node, self.events,
                                           ttl_s=settings["quarantine_ttl_s"],
                                           commands=settings["quarantine_commands"],
-                                          preflight_command=settings.get("preflight_command"))
+                                          preflight_command=settings.get("preflight_command"),
+                                          kubernetes=settings.get("kubernetes_quarantine", False))
         self.restarts = RestartGuard(self.store, inner.get_run_id(), settings["checkpoint_dir"],
                                      settings["max_restarts"], settings["max_restarts_without_progress"], self.events,
                                      memory_step=self._newest_snapshot_step)

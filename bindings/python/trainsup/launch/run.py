@@ -46,7 +46,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import _compat as compat
-from .. import names
+from .. import kube, names
 from .._trainsup_agent import DETECTOR_DEFAULTS, check_collective_budgets
 from .allocation import allocation_hosts
 from ..ports import free_port
@@ -175,6 +175,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         check_collective_budgets(budgets)
     except ValueError as e:
         sys.exit(f"trainsup.run: --collective-budgets / TRAINSUP_COLLECTIVE_BUDGETS: {e}")
+    if kube.enabled():
+        try:  # the effect, the `kubernetes` package and its credentials: at launch, not at the first quarantine
+            kube.KubeNodes()
+        except (ValueError, kube.KubeError) as e:
+            sys.exit(f"trainsup.run: TRAINSUP_KUBERNETES_QUARANTINE=1: {e}")
     try:
         allocation = allocation_hosts()
     except ValueError as e:
@@ -186,6 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "quarantine_ttl_s": float(_setting(args, "--quarantine-ttl-s")),
         "quarantine_commands": os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", ""),
         "preflight_command": os.environ.get("TRAINSUP_PREFLIGHT_COMMAND", ""),
+        "kubernetes_quarantine": kube.enabled(),
         "max_restarts": int(_setting(args, "--max-job-restarts")),
         "max_restarts_without_progress": int(_setting(args, "--max-restarts-without-progress")),
         "bind": bind,

@@ -6,13 +6,16 @@
   trainsup quarantine exclude-arg [--dir DIR]              e.g. --exclude=node17,node42 (for sbatch)
   trainsup report RUN_DIR [--logs DIR] [--html FILE]       timeline, time lost per incident, ETTR
 
-DIR defaults to TRAINSUP_QUARANTINE_DIR, else <TRAINSUP_RUN_DIR>/quarantine.
+DIR defaults to TRAINSUP_QUARANTINE_DIR, else <TRAINSUP_RUN_DIR>/quarantine. With
+TRAINSUP_KUBERNETES_QUARANTINE=1, add also cordons and taints the Kubernetes node HOST, and
+remove lifts that (trainsup/kube.py).
 """
 import argparse
 import json
 import sys
 from typing import List, Optional, Sequence
 
+from .. import kube
 from ..quarantine import DEFAULT_TTL_S, Quarantine, default_dir, run_commands
 
 
@@ -48,8 +51,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for command, rc in run_commands(record):
             print(f"ran {command!r}: exit {rc}", file=sys.stderr)
         print(json.dumps(record))
+        if kube.enabled():
+            try:
+                kube.KubeNodes().quarantine(record)
+                print(f"kubernetes: cordoned and tainted node {args.host}", file=sys.stderr)
+            except (ValueError, kube.KubeError) as e:
+                print(f"trainsup: {e} (the quarantine record is written)", file=sys.stderr)
+                return 1
     elif args.action == "remove":
-        if not quarantine.remove(args.host):
+        was = quarantine.remove(args.host)
+        if kube.enabled():
+            try:
+                kube.KubeNodes().release(args.host)
+                print(f"kubernetes: released node {args.host} (taint and labels removed, uncordoned if trainsup cordoned it)",
+                      file=sys.stderr)
+            except (ValueError, kube.KubeError) as e:
+                print(f"trainsup: {e} (the quarantine record is removed)", file=sys.stderr)
+                return 1
+        if not was:
             print(f"trainsup: {args.host} was not quarantined in {quarantine.dir}", file=sys.stderr)
             return 1
     elif args.action == "exclude-arg":
