@@ -49,6 +49,8 @@ struct Coordinator::Impl {
   mutable Mutex counters_mu;
   Counters counters TRAINSUP_GUARDED_BY(counters_mu);
   std::vector<RankInfo> known TRAINSUP_GUARDED_BY(counters_mu);  // updated by hellos
+  DetectorSnapshot snapshot TRAINSUP_GUARDED_BY(counters_mu);   // copied by the I/O thread
+  int64_t snapshot_at_ns = INT64_MIN / 2;                        // I/O thread only
   std::once_flag stopped;
 
   void accept();
@@ -226,7 +228,14 @@ void Coordinator::Impl::tick() {
       std::chrono::duration<double>(options.evaluate_interval_s)));
   timer.async_wait([self](const boost::system::error_code& ec) {
     if (ec) return;
-    for (const Verdict& v : self->detector->evaluate(nowNs())) {
+    const int64_t now = nowNs();
+    if (now - self->snapshot_at_ns >= static_cast<int64_t>(self->options.snapshot_interval_s * 1e9)) {
+      DetectorSnapshot snap = self->detector->snapshot(now);
+      self->snapshot_at_ns = now;
+      MutexLock lock(self->counters_mu);
+      self->snapshot = std::move(snap);
+    }
+    for (const Verdict& v : self->detector->evaluate(now)) {
       if (self->deposed) {
         self->count(&Counters::deposed_verdicts);  // replaced: not ours to report or act on
         continue;
@@ -336,6 +345,11 @@ void Coordinator::stop() {
 std::vector<RankInfo> Coordinator::knownRanks() const {
   MutexLock lock(impl_->counters_mu);
   return impl_->known;
+}
+
+DetectorSnapshot Coordinator::snapshot() const {
+  MutexLock lock(impl_->counters_mu);
+  return impl_->snapshot;
 }
 
 Coordinator::Counters Coordinator::counters() const {

@@ -196,7 +196,59 @@ void Detector::onDisconnect(int rank, int64_t now_ns) {
 void Detector::onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns,
                           int64_t now_ns) {
   if (rank < 0 || rank >= world_ || section.empty()) return;
-  progress_[rank] = {step, section, in_section_ns, now_ns};
+  Progress& p = progress_[rank];
+  p.step = step;
+  p.section = section;
+  p.in_section_ns = in_section_ns;
+  p.at_ns = now_ns;
+  if (p.rate_step < 0 || step < p.rate_step) {  // first report, or a restart of the count
+    p.rate_step = step;
+    p.rate_at_ns = now_ns;
+  } else if (step > p.rate_step && now_ns - p.rate_at_ns >= 1000000000) {
+    p.step_s = static_cast<double>(now_ns - p.rate_at_ns) / 1e9 / static_cast<double>(step - p.rate_step);
+    p.rate_step = step;
+    p.rate_at_ns = now_ns;
+  }
+}
+
+DetectorSnapshot Detector::snapshot(int64_t now_ns, size_t max_open) const {
+  DetectorSnapshot out;
+  out.ranks.reserve(world_);
+  for (int r = 0; r < world_; ++r) {
+    DetectorSnapshot::Rank x;
+    x.rank = r;
+    x.host = ranks_[r].host;
+    const Progress& p = progress_[r];
+    x.step = p.step;
+    x.section = p.section;
+    x.step_s = p.step_s;
+    if (last_seen_ns_[r] >= 0 && !expected_only_[r]) x.silent_s = static_cast<double>(now_ns - last_seen_ns_[r]) / 1e9;
+    x.dead = dead_[r];
+    x.finished = finished_[r];
+    out.ranks.push_back(std::move(x));
+  }
+  out.open = pending_.size();
+  std::vector<std::pair<int64_t, const std::pair<const OpKey, Pending>*>> by_age;
+  by_age.reserve(pending_.size());
+  for (const auto& kv : pending_) by_age.emplace_back(kv.second.first_enter_ns, &kv);
+  const size_t n = std::min(max_open, by_age.size());
+  std::partial_sort(by_age.begin(), by_age.begin() + static_cast<std::ptrdiff_t>(n), by_age.end(),
+                    [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < n; ++i) {
+    const OpKey& key = by_age[i].second->first;
+    const Pending& p = by_age[i].second->second;
+    DetectorSnapshot::Open o;
+    o.what = describe(key, p);
+    o.bytes = p.bytes;
+    o.age_s = static_cast<double>(now_ns - p.first_enter_ns) / 1e9;
+    o.members = static_cast<int>(p.members.size());
+    o.entered = p.entered_count;
+    for (size_t slot = 0; slot < p.members.size() && o.missing.size() < 32; ++slot) {
+      if (!p.entered[slot] && p.members[slot] >= 0) o.missing.push_back(p.members[slot]);
+    }
+    out.oldest.push_back(std::move(o));
+  }
+  return out;
 }
 
 // "; rank 2 was in section 'forward' (step 60) for 5.2 s at its last heartbeat", or "".

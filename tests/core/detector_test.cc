@@ -38,6 +38,42 @@ struct Job {
 
 std::vector<int64_t> even(int64_t ns) { return {ns, ns, ns, ns}; }
 
+TEST(DetectorTest, SnapshotGivesStepRatesAndTheOldestOpenCollectiveWithWhoIsMissing) {
+  // What `trainsup status` and /metrics show: each rank's seconds per step, and who has not
+  // entered the oldest open collective.
+  Detector det(fourRanks());
+  const int64_t t0 = 100 * kS;
+  for (int r = 0; r < 4; ++r) {
+    det.onHeartbeat(r, t0);
+    det.onProgress(r, 100, "forward", 0, t0);
+  }
+  // 2 s later: ranks 0-2 made 80 steps (25 ms a step), rank 3 only 20 (100 ms a step).
+  for (int r = 0; r < 4; ++r) det.onProgress(r, r == 3 ? 120 : 180, "backward", 0, t0 + 2 * kS);
+  det.onEnter(0, 7, CollectiveOp::kAllreduce, 4096, t0 + 2 * kS);
+  det.onEnter(1, 7, CollectiveOp::kAllreduce, 4096, t0 + 2100 * kMs);
+  det.onEnter(2, 8, CollectiveOp::kBroadcast, 64, t0 + 2200 * kMs);  // newer, not the oldest
+  DetectorSnapshot s = det.snapshot(t0 + 3 * kS, 1);
+  ASSERT_EQ(s.ranks.size(), 4u);
+  EXPECT_NEAR(s.ranks[0].step_s, 0.025, 1e-9);
+  EXPECT_NEAR(s.ranks[3].step_s, 0.100, 1e-9);
+  EXPECT_EQ(s.ranks[3].host, "host-d");
+  EXPECT_EQ(s.ranks[3].step, 120);
+  EXPECT_EQ(s.ranks[3].section, "backward");
+  EXPECT_NEAR(s.ranks[1].silent_s, 0.9, 1e-9);  // last heard from when it entered #7
+  EXPECT_EQ(s.open, 2u);
+  ASSERT_EQ(s.oldest.size(), 1u);
+  EXPECT_EQ(s.oldest[0].what, "allreduce #7 of group 'world'");
+  EXPECT_NEAR(s.oldest[0].age_s, 1.0, 1e-9);
+  EXPECT_EQ(s.oldest[0].entered, 2);
+  EXPECT_EQ(s.oldest[0].members, 4);
+  EXPECT_EQ(s.oldest[0].missing, (std::vector<int>{2, 3}));
+  // Under a second of reports measures nothing yet.
+  Detector fresh(fourRanks());
+  fresh.onProgress(0, 1, "forward", 0, t0);
+  fresh.onProgress(0, 30, "forward", 0, t0 + 500 * kMs);
+  EXPECT_EQ(fresh.snapshot(t0 + kS).ranks[0].step_s, -1);
+}
+
 TEST(DetectorTest, RankThatNeverEntersIsNamedWithItsHostAfterTheBudget) {
   Job job;
   for (int i = 0; i < 40; ++i) ASSERT_TRUE(job.step(even(100 * kMs)).empty());

@@ -110,6 +110,39 @@ class PyCoordinator {
     }
     return out;
   }
+  // Coordinator::snapshot() as plain Python values (see DetectorSnapshot in trainsup/detector.h).
+  py::dict snapshot() const {
+    DetectorSnapshot s = coordinator_->snapshot();
+    py::list ranks;
+    for (const auto& r : s.ranks) {
+      py::dict d;
+      d["rank"] = r.rank;
+      d["host"] = r.host;
+      d["step"] = r.step;
+      d["section"] = r.section;
+      d["step_s"] = r.step_s;
+      d["silent_s"] = r.silent_s;
+      d["dead"] = r.dead;
+      d["finished"] = r.finished;
+      ranks.append(d);
+    }
+    py::list oldest;
+    for (const auto& o : s.oldest) {
+      py::dict d;
+      d["what"] = o.what;
+      d["bytes"] = o.bytes;
+      d["age_s"] = o.age_s;
+      d["members"] = o.members;
+      d["entered"] = o.entered;
+      d["missing"] = o.missing;
+      oldest.append(d);
+    }
+    py::dict out;
+    out["ranks"] = ranks;
+    out["oldest_open"] = oldest;
+    out["open"] = s.open;
+    return out;
+  }
   std::vector<std::tuple<int, int, std::string, std::string>> knownRanks() const {
     std::vector<std::tuple<int, int, std::string, std::string>> out;
     for (const auto& r : coordinator_->knownRanks()) out.emplace_back(r.rank, r.local_rank, r.host, r.gpu);
@@ -222,6 +255,7 @@ void bindAgent(py::module_& m) {
       .def("wake", &PyCoordinator::wake)
       .def("set_slow_hosts", &PyCoordinator::setSlowHosts, py::arg("hosts"))
       .def("known_ranks", &PyCoordinator::knownRanks)
+      .def("snapshot", &PyCoordinator::snapshot)
       .def("counters", &PyCoordinator::counters)
       .def("stop", &PyCoordinator::stop, py::call_guard<py::gil_scoped_release>());
   py::class_<PyNodeMonitor>(m, "NodeMonitor")

@@ -44,6 +44,8 @@ struct CoordinatorOptions {
   // table (its predecessor had heard from it) and not heard from within this many seconds of
   // start is a silent rank (Detector::expectRanks).
   double expect_ranks_within_s = 0;
+  // How often the I/O thread copies the detector's state for snapshot() (O(ranks) each time).
+  double snapshot_interval_s = 1.0;
 };
 
 class TRAINSUP_EXPORT Coordinator {
@@ -77,6 +79,9 @@ class TRAINSUP_EXPORT Coordinator {
   // What the coordinator knows of every rank (from start() and the hellos since), for a
   // successor to start from. Thread-safe.
   std::vector<RankInfo> knownRanks() const;
+  // The detector's state (Detector::snapshot) as of the last copy, at most snapshot_interval_s
+  // old (empty before the first). Thread-safe.
+  DetectorSnapshot snapshot() const;
 
   struct Impl;  // implementation detail (libsupervisor/agent/coordinator.cc)
 

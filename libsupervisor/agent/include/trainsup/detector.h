@@ -120,6 +120,31 @@ struct Verdict {
   int64_t step = -1;               // ...and its step
 };
 
+// What a detector knows now, for operators (the agent's /status and /metrics, `trainsup
+// status`): Detector::snapshot(). Plain values, copied out: safe to hand to another thread.
+struct DetectorSnapshot {
+  struct Rank {
+    int rank = 0;
+    std::string host;
+    int64_t step = -1;      // at its last progress report (-1: none yet)
+    std::string section;    // innermost section then
+    double step_s = -1;     // its recent seconds per step, over >= 1 s of progress reports (-1: not yet)
+    double silent_s = -1;   // since it was last heard from (-1: never heard from)
+    bool dead = false;      // its connection closed before it finished
+    bool finished = false;
+  };
+  struct Open {
+    std::string what;          // "allreduce #157 of group 'default_pg'"
+    uint64_t bytes = 0;
+    double age_s = 0;          // since its first member entered
+    int members = 0, entered = 0;
+    std::vector<int> missing;  // global ranks that have not entered it (at most 32; -1 never listed)
+  };
+  std::vector<Rank> ranks;   // by rank
+  std::vector<Open> oldest;  // the oldest open collectives, oldest first
+  size_t open = 0;           // open collectives in all
+};
+
 class TRAINSUP_EXPORT Detector {
  public:
   Detector(std::vector<RankInfo> ranks, DetectorOptions options = {});
@@ -146,6 +171,9 @@ class TRAINSUP_EXPORT Detector {
   // Where the rank's training loop was at its last heartbeat (innermost section, step, time in
   // it); verdicts about the rank quote it.
   void onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns, int64_t now_ns);
+  // Every rank's state and the `max_open` oldest open collectives, as of `now_ns`.
+  // O(ranks + open collectives): callers take it at their own pace (the coordinator: once a second).
+  DetectorSnapshot snapshot(int64_t now_ns, size_t max_open = 5) const;
   void onDisconnect(int rank, int64_t now_ns);
   // Each of `ranks` not heard from yet is expected within `within_s` of now: after that it is a
   // silent rank. For a coordinator that takes over a running job: the ranks its predecessor
@@ -244,6 +272,9 @@ class TRAINSUP_EXPORT Detector {
     std::string section;
     int64_t in_section_ns = 0;
     int64_t at_ns = -1;  // when it was reported (coordinator clock)
+    // Seconds per step: measured from rate_step at rate_at_ns to a later report >= 1 s on.
+    int64_t rate_step = -1, rate_at_ns = -1;
+    double step_s = -1;
   };
   std::vector<Progress> progress_;
   std::string whereIs(int rank) const;
