@@ -24,6 +24,7 @@ packages=(
   libnetfilter-queue-dev                  # ...and delay without netem (NetfilterQueue builds on it)
   strace                                  # crash points of the DCP checkpoint path (fault injection)
   slurmctld slurmd slurm-client munge     # a Slurm cluster the suite starts (tests/python/slurm_cluster.py)
+  prometheus                              # scrapes the agents' /metrics in tests/python/test_prometheus.py
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 
+import pytest
 import yaml
 
 LAUNCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
@@ -64,3 +65,20 @@ def test_kubernetes_manifests():
         rbac = {d["kind"]: d for d in yaml.safe_load_all(f) if d}
     assert pod["serviceAccountName"] == rbac["ServiceAccount"]["metadata"]["name"]
     assert rbac["ClusterRole"]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+
+
+def test_the_monitoring_examples_pass_promtool():
+    """examples/monitoring: the scrape config and the alert rules docs/metrics.md gives, checked
+    by Prometheus's own tool (Debian's prometheus package)."""
+    import shutil
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("no promtool (scripts/install-deps.sh installs Debian's prometheus)")
+    mon = os.path.join(os.path.dirname(LAUNCH), "monitoring")
+    for args in (["check", "config", "prometheus.yml"], ["check", "rules", "trainsup-alerts.yml"]):
+        out = subprocess.run([promtool, *args], cwd=mon, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+    with open(os.path.join(mon, "trainsup-alerts.yml")) as f:
+        alerts = {r["alert"]: r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
+    # The issue's three: a host quarantined, ETTR below a threshold, no spare left.
+    assert {"TrainsupHostQuarantined", "TrainsupEttrLow", "TrainsupNoSpareLeft"} <= set(alerts)

@@ -9,11 +9,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 import torch
 
+import prometheus_server
+from trainsup.tools import status
 from trainsup.launch.verdict_watch import QUARANTINE_KINDS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,8 +24,8 @@ SCENARIO = os.path.join(REPO, "examples", "launch", "recovery_scenario.py")
 STEPS = "500"
 
 
-def _run(scenario, workdir, *extra):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+def _run(scenario, workdir, *extra, env=None):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p), **(env or {}))
     out = subprocess.run([sys.executable, SCENARIO, scenario, str(workdir), "--steps", STEPS, *extra], env=env,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -72,50 +75,122 @@ def _assert_same_training(ref, path):
         assert torch.equal(st["momentum_buffer"], got["optimizer"]["state"][i]["momentum_buffer"]), i
 
 
+def _run_scraped(scenario, workdir, prometheus):
+    """The scenario with every agent serving /metrics (TRAINSUP_METRICS_PORT=0: a free port
+    each), scraped by `prometheus` from the moment each agent leaves its endpoint file."""
+    result = {}
+
+    def job():
+        try:
+            result["summary"] = _run(scenario, workdir, env={"TRAINSUP_METRICS_PORT": "0"})
+        except BaseException as e:  # re-raised on the test's thread
+            result["error"] = e
+
+    t = threading.Thread(target=job)
+    t.start()
+    seen, live = 0, None
+    while t.is_alive():
+        t.join(0.5)  # the job runs; new agents' endpoints are handed to Prometheus as they appear
+        if (workdir / "run").is_dir():
+            n = len(prometheus.set_targets(workdir / "run"))
+            seen = max(seen, n)
+            if live is None and n == 3:
+                # `trainsup status` while the job trains on two hosts with the spare waiting.
+                answers = status.gather(str(workdir / "run"))
+                job = next((a for a in answers if a.get("in_office") and a.get("ranks")), None)
+                if job is not None and job.get("spares_waiting"):
+                    live = (job, status.render(answers))
+    if "error" in result:
+        raise result["error"]
+    return result["summary"], seen, live
+
+
 def test_stopped_host_is_quarantined_and_the_spare_takes_its_place(tmp_path, clean):
-    s = _run("spare", tmp_path / "spare")
-    assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95, "host-c": 0}, _explain(s)
-    assert s["quarantine"] == ["host-b"], _explain(s)
-    run = tmp_path / "spare" / "run"
-    a = _events(run / "agent-host-a.events.jsonl")
-    b = _events(run / "agent-host-b.events.jsonl")
-    # Named within 10 s of the fault, with its host. Every agent logs the verdict when it sees it;
-    # the first one to see it is when the job learned it (the report counts the same one).
-    verdict = min((e for e in a + b if e["event"] == "verdict"), key=lambda e: e["time"])
-    assert verdict["hosts"] == ["host-b"] and verdict["kind"] in ("silent_rank", "hung_rank"), _explain(s)
-    took = verdict["time"] - s["fault_time"]
-    print(f"[measure] host-b named ({verdict['kind']}) {took:.2f} s after its worker was stopped")
-    assert took <= 10, took
-    record = json.loads((run / "quarantine" / "host-b.json").read_text())
-    assert record["verdict"] == verdict["kind"] and record["expiry"] - record["time"] == pytest.approx(86400)
-    assert any(e["event"] == "quarantined_exit" for e in b)
-    # The second round is host-a + host-c; the spare never trained before it.
-    second = [e for e in a if e["event"] == "rendezvous" and e["round"] >= 1]
-    assert second and second[0]["group_world"] == 2
-    c_ranks = sorted((tmp_path / "spare" / "logs").glob("*-host-c-r*.events.jsonl"))
-    c_events = [e for p in c_ranks for e in _events(p)]
-    restored = next(e for e in c_events if e["event"] == "checkpoint_restored")
-    restart = next(e for e in a if e["event"] == "restart" and e["time"] > s["fault_time"])
-    assert restored["step"] == restart["newest_checkpoint_step"], (restored, restart)  # newest valid one
-    # The report: the incident, its cost split three ways, ETTR, and an HTML timeline.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    rep = subprocess.run([sys.executable, "-m", "trainsup", "report", str(run)], capture_output=True, text=True,
-                         env=env, timeout=120)
-    assert rep.returncode == 0, rep.stderr
-    summary = json.loads(rep.stdout.strip().splitlines()[-1])
+    if prometheus_server.binary() is None:
+        pytest.skip("no prometheus binary (scripts/install-deps.sh installs Debian's)")
+    with prometheus_server.PrometheusServer(tmp_path / "prometheus") as prom:
+        s, targets, live = _run_scraped("spare", tmp_path / "spare", prom)
+        assert s["agent_exit_codes"] == {"host-a": 0, "host-b": 95, "host-c": 0}, _explain(s)
+        assert s["quarantine"] == ["host-b"], _explain(s)
+        run = tmp_path / "spare" / "run"
+        a = _events(run / "agent-host-a.events.jsonl")
+        b = _events(run / "agent-host-b.events.jsonl")
+        # Named within 10 s of the fault, with its host. Every agent logs the verdict when it sees it;
+        # the first one to see it is when the job learned it (the report counts the same one).
+        verdict = min((e for e in a + b if e["event"] == "verdict"), key=lambda e: e["time"])
+        assert verdict["hosts"] == ["host-b"] and verdict["kind"] in ("silent_rank", "hung_rank"), _explain(s)
+        took = verdict["time"] - s["fault_time"]
+        print(f"[measure] host-b named ({verdict['kind']}) {took:.2f} s after its worker was stopped")
+        assert took <= 10, took
+        record = json.loads((run / "quarantine" / "host-b.json").read_text())
+        assert record["verdict"] == verdict["kind"] and record["expiry"] - record["time"] == pytest.approx(86400)
+        assert any(e["event"] == "quarantined_exit" for e in b)
+        # The second round is host-a + host-c; the spare never trained before it.
+        second = [e for e in a if e["event"] == "rendezvous" and e["round"] >= 1]
+        assert second and second[0]["group_world"] == 2
+        c_ranks = sorted((tmp_path / "spare" / "logs").glob("*-host-c-r*.events.jsonl"))
+        c_events = [e for p in c_ranks for e in _events(p)]
+        restored = next(e for e in c_events if e["event"] == "checkpoint_restored")
+        restart = next(e for e in a if e["event"] == "restart" and e["time"] > s["fault_time"])
+        assert restored["step"] == restart["newest_checkpoint_step"], (restored, restart)  # newest valid one
+        # The report: the incident, its cost split three ways, ETTR, and an HTML timeline.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        rep = subprocess.run([sys.executable, "-m", "trainsup", "report", str(run)], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert rep.returncode == 0, rep.stderr
+        summary = json.loads(rep.stdout.strip().splitlines()[-1])
+        (inc,) = summary["incidents"]
+        assert inc["verdict"] == verdict["kind"] and inc["hosts"] == ["host-b"]
+        assert inc["detection_s"] == pytest.approx(took, abs=0.05)
+        assert inc["restored_step"] == restored["step"] and 0 < inc["replay_s"] < 5 and inc["restart_s"] > 0
+        assert 0 < summary["ettr"] < 1
+        assert "incident 1" in rep.stdout and "quarantine" in rep.stdout
+        page = (run / "report.html").read_text()
+        # The picture: the incident's lost time as three labelled bands, and the key events named.
+        assert "<svg" in page and all(f"{band} " in page for band in ("replay", "detection", "restart"))
+        assert f"verdict: {verdict['kind']}" in page and "quarantine host-b" in page
+        print(f"[measure] report: lost {summary['lost_s']:.2f} s (detection {inc['detection_s']:.2f}, "
+              f"replay {inc['replay_s']:.2f}, restart {inc['restart_s']:.2f}), ETTR {summary['ettr']:.3f}")
+        _assert_same_training(clean, tmp_path / "spare" / "final.pt")
+        _check_the_scrapes(prom, summary, targets)
+        # The live view seen while the job trained: the round, its two hosts, the waiting spare.
+        assert live is not None, "trainsup status never showed the job training with its spare waiting"
+        job, text = live
+        print("[status]\n" + text)
+        assert sorted(job["hosts"]) == ["host-a", "host-b"] and job["ranks"] == 2 and job["round"] == 0, job
+        assert "host-c: round -1, waiting (spare)" in text, text
+
+
+def _check_the_scrapes(prom, summary, targets):
+    """Issue 24: a real Prometheus scraped the three agents while the job ran; PromQL through its
+    HTTP API gives the incident, its culprit host and the time lost that `trainsup report`
+    gives (`summary`). The job has ended (its agents with it): each query takes the last value
+    seen."""
+    assert targets == 3, targets
+    window = "[15m]"
+    incidents = prom.query(f"max by (kind, host) (max_over_time(trainsup_incidents_total{window}))")
+    assert [(r["metric"]["host"], float(r["value"][1])) for r in incidents] == [("host-b", 1.0)], incidents
     (inc,) = summary["incidents"]
-    assert inc["verdict"] == verdict["kind"] and inc["hosts"] == ["host-b"]
-    assert inc["detection_s"] == pytest.approx(took, abs=0.05)
-    assert inc["restored_step"] == restored["step"] and 0 < inc["replay_s"] < 5 and inc["restart_s"] > 0
-    assert 0 < summary["ettr"] < 1
-    assert "incident 1" in rep.stdout and "quarantine" in rep.stdout
-    page = (run / "report.html").read_text()
-    # The picture: the incident's lost time as three labelled bands, and the key events named.
-    assert "<svg" in page and all(f"{band} " in page for band in ("replay", "detection", "restart"))
-    assert f"verdict: {verdict['kind']}" in page and "quarantine host-b" in page
-    print(f"[measure] report: lost {summary['lost_s']:.2f} s (detection {inc['detection_s']:.2f}, "
-          f"replay {inc['replay_s']:.2f}, restart {inc['restart_s']:.2f}), ETTR {summary['ettr']:.3f}")
-    _assert_same_training(clean, tmp_path / "spare" / "final.pt")
+    assert incidents[0]["metric"]["kind"] == inc["verdict"]
+    lost = prom.query('sum(max by (cause) (max_over_time(trainsup_lost_seconds_total{cause=~"detection|restart|replay"}'
+                      f'{window})))')
+    lost_s = float(lost[0]["value"][1])
+    by_cause = {r["metric"]["cause"]: float(r["value"][1]) for r in prom.query(
+        f"max by (cause) (max_over_time(trainsup_lost_seconds_total{window}))")}
+    print(f"[measure] Prometheus: incident {inc['verdict']} on host-b, time lost {lost_s:.2f} s "
+          f"({', '.join(f'{k} {v:.2f}' for k, v in sorted(by_cause.items()))}); trainsup report: {summary['lost_s']:.2f} s")
+    assert abs(lost_s - summary["lost_s"]) <= 1.0, (lost_s, summary["lost_s"])
+    detection = prom.query(f"max(max_over_time(trainsup_detection_seconds_count{window}))")
+    assert float(detection[0]["value"][1]) == 1.0, detection
+    quarantined = prom.query(f"max(max_over_time(trainsup_quarantined_hosts{window}))")
+    assert float(quarantined[0]["value"][1]) == 1.0, quarantined
+    # The coordinator's live state (C++ Coordinator::snapshot): the ranks' step rate (the demo's
+    # steps take about 25 ms) and the round's 2 ranks.
+    step = prom.query(f'max(max_over_time(trainsup_step_time_seconds{{quantile="0.5"}}{window}))')
+    assert 0.001 < float(step[0]["value"][1]) < 1.0, step
+    assert float(prom.query(f"max(max_over_time(trainsup_ranks{window}))")[0]["value"][1]) == 2.0
+    hosts = prom.query(f"max by (host) (max_over_time(trainsup_agent_info{window}))")
+    assert sorted(r["metric"]["host"] for r in hosts) == ["host-a", "host-b", "host-c"], hosts
 
 
 def test_a_host_that_dies_outright_is_named_and_evicted_and_the_job_goes_on_under_etcd(tmp_path, clean):

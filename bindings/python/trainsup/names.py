@@ -43,7 +43,7 @@ import json
 import os
 from typing import Any, Optional
 
-__all__ = ["telemetry_key", "agent_key", "lost_claim_key", "round_key", "agents_count_key", "agent_list_key", "slow_changes_key", "membership_changes_key", "quarantine_changes_key", "restarts_key", "give_up_key", "cuda_fault_key", "cuda_fault_count_key", "quarantine_key", "agent_events_file", "faults_file", "quarantine_dir"]
+__all__ = ["telemetry_key", "agent_key", "lost_claim_key", "round_key", "agents_count_key", "agent_list_key", "slow_changes_key", "membership_changes_key", "quarantine_changes_key", "restarts_key", "give_up_key", "cuda_fault_key", "cuda_fault_count_key", "quarantine_key", "endpoint_file", "write_endpoint", "agent_events_file", "faults_file", "quarantine_dir"]
 
 
 def telemetry_key(job_id: str, name: str) -> str:
@@ -89,6 +89,19 @@ def cuda_fault_key(run_id: str, rnd: int, host: str) -> str:
 
 def cuda_fault_count_key(run_id: str, rnd: int) -> str:
     return f"faults/{run_id}/round-{rnd}/cuda_hosts"
+
+
+def endpoint_file(run_dir: str, host: str) -> str:
+    """Where an agent leaves the address of its /metrics and /status (trainsup status reads it)."""
+    return os.path.join(run_dir, f"agent-{host}.endpoint")
+
+
+def write_endpoint(run_dir: str, host: str, url: str) -> None:
+    path = endpoint_file(run_dir, host)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(url + "\n")
+    os.rename(tmp, path)
 
 
 def quarantine_key(host: str) -> str:

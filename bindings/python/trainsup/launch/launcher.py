@@ -110,6 +110,46 @@ class TrainsupRendezvousHandler(RendezvousHandler):
                                          settings["advertise"], memory=settings.get("snapshot_memory", DEFAULT_MEMORY),
                                          max_bytes=settings.get("snapshot_max_bytes", 0),
                                          on_event=lambda name, **f: self.events.write(name, round=self.round, **f))
+        self.metrics = None
+        if settings.get("metrics_port") is not None:
+            self._start_metrics(settings)
+
+    def _start_metrics(self, settings):
+        """/metrics and /status on --metrics-port (metrics.py); its address goes to
+        <run dir>/agent-<host>.endpoint for `trainsup status`."""
+        from .metrics import MetricsServer
+        self.metrics = MetricsServer(self._metrics_state, self.run_dir, os.environ.get("TRAINSUP_LOG_DIR"),
+                                     settings["metrics_port"], settings.get("metrics_bind", "0.0.0.0"))
+        advertise = settings.get("advertise") or self.node
+        url = f"http://{advertise}:{self.metrics.port}"
+        names.write_endpoint(self.run_dir, self.node, url)
+        self.events.write("metrics_serving", url=url)
+
+    def _metrics_state(self):
+        """The agent's view for metrics.py: read at each scrape, from other threads."""
+        services = self.services
+        in_office = bool(services is not None and services.in_office)
+        snapshot = None
+        if services is not None and in_office and services.coordinator is not None:
+            try:
+                snapshot = services.coordinator.snapshot()
+            except Exception:  # the coordinator closed between the two reads
+                snapshot = None
+        hosts = []
+        if self.round is not None:
+            try:
+                hosts = self.liveness.hosts_of_round(self.round, self.world)
+            except Exception:
+                hosts = []
+        try:
+            quarantined = [r["host"] for r in self.quarantine.records.list()]
+        except OSError:
+            quarantined = []
+        return {"host": self.node, "run_id": self.get_run_id(), "round": self.round if self.round is not None else -1,
+                "world": self.world, "in_round": services is not None, "in_office": in_office,
+                "coordinator": services.following if services is not None else None, "hosts": hosts,
+                "snapshot": snapshot, "quarantined": quarantined, "spares_waiting": self.waiting.spares,
+                "restarts_used": self.restarts.used, "max_restarts": self.settings["max_restarts"]}
 
     def _newest_snapshot_step(self):
         return self.snapshots.newest_step()

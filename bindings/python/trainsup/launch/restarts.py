@@ -46,6 +46,7 @@ class RestartGuard:
         self.memory_step = memory_step
         self.max_restarts, self.max_restarts_without_progress = max_restarts, max_restarts_without_progress
         self.events = events
+        self.used = 0  # restarts of the whole job as of the last one this agent accounted (metrics)
 
     def _key(self, name=None):
         return names.restarts_key(self.run_id, name)
@@ -97,6 +98,7 @@ class RestartGuard:
         if decision is None:
             decision = self._publish(key, self._candidate())
         restarts, step, stuck = decision["restarts"], decision["step"], decision["stuck"]
+        self.used = max(self.used, int(restarts))
         fields = {"decision_missing": True} if missing else {}
         self.events.write("restart", restarts=restarts, newest_checkpoint_step=step, restarts_without_progress=stuck,
                           **fields)

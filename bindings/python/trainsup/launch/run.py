@@ -28,6 +28,9 @@ also settable by its environment variable (docs/configuration.md):
   --warm-workers 0|1        TRAINSUP_WARM_WORKERS (default 1): start workers by forking them from
                             this host's zygote, a process that has imported torch already
                             (trainsup/launch/zygote.py); 0: torchrun's own cold start
+  --metrics-port PORT       TRAINSUP_METRICS_PORT (default: off): serve /metrics (Prometheus) and
+                            /status (JSON) on this port, 0 for any free one (docs/metrics.md)
+  --metrics-bind ADDR       TRAINSUP_METRICS_BIND (default 0.0.0.0): the address it listens on
 
 Differences from plain torchrun: the rendezvous backend must be elastic (c10d, the default here
 with --standalone, or etcd-v2); --max-restarts defaults to 100 per agent because the job-wide
@@ -68,6 +71,8 @@ OUR_FLAGS = {
     "--snapshot-memory": ("TRAINSUP_SNAPSHOT_MEMORY", "/dev/shm/trainsup"),
     "--snapshot-max-bytes": ("TRAINSUP_SNAPSHOT_MAX_BYTES", "0"),
     "--warm-workers": ("TRAINSUP_WARM_WORKERS", "1"),
+    "--metrics-port": ("TRAINSUP_METRICS_PORT", None),
+    "--metrics-bind": ("TRAINSUP_METRICS_BIND", "0.0.0.0"),
 }
 
 
@@ -175,6 +180,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         check_collective_budgets(budgets)
     except ValueError as e:
         sys.exit(f"trainsup.run: --collective-budgets / TRAINSUP_COLLECTIVE_BUDGETS: {e}")
+    metrics_port = _setting(args, "--metrics-port")
+    if metrics_port is not None:
+        try:
+            metrics_port = int(metrics_port)
+            if not 0 <= metrics_port <= 65535:
+                raise ValueError
+        except ValueError:
+            sys.exit(f"trainsup.run: --metrics-port / TRAINSUP_METRICS_PORT = {metrics_port!r}: must be a port "
+                     "number (0-65535; 0: any free port)")
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            sys.exit("trainsup.run: --metrics-port needs the prometheus-client package (pip install prometheus-client)")
     if kube.enabled():
         try:  # the effect, the `kubernetes` package and its credentials: at launch, not at the first quarantine
             kube.KubeNodes()
@@ -192,6 +210,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "quarantine_commands": os.environ.get("TRAINSUP_QUARANTINE_COMMANDS", ""),
         "preflight_command": os.environ.get("TRAINSUP_PREFLIGHT_COMMAND", ""),
         "kubernetes_quarantine": kube.enabled(),
+        "metrics_port": metrics_port,
+        "metrics_bind": _setting(args, "--metrics-bind"),
         "max_restarts": int(_setting(args, "--max-job-restarts")),
         "max_restarts_without_progress": int(_setting(args, "--max-restarts-without-progress")),
         "bind": bind,

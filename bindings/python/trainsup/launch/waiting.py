@@ -34,6 +34,7 @@ class NodesWaiting:
         self.refresh_s = max(self.EVERY_S, compat.max_nodes(inner) / 64.0)
         self._clock = clock
         self.answer = 0  # the last answer (> 0: torchrun is restarting the round for joiners)
+        self.spares = 0  # nodes waiting at the last full read of the state, spares included
         self._asked = -math.inf  # when the last answer was made
         self._read = -math.inf  # when the state was last read in full
         self._joins = None  # the counter at that read
@@ -60,6 +61,8 @@ class NodesWaiting:
         self.full_reads += 1
         n = self.inner.num_nodes_waiting()
         st = compat.state(self.inner)
+        # Every node waiting, spares included (metrics: trainsup_spares_waiting), from this read.
+        self.spares = len(st.wait_list) + len(getattr(st, "redundancy_list", ()) or ())
         if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
             n = 0  # spares: no room for them, so no reason to restart for them
         self.answer = n

@@ -5,6 +5,7 @@
   trainsup quarantine remove HOST [--dir DIR]
   trainsup quarantine exclude-arg [--dir DIR]              e.g. --exclude=node17,node42 (for sbatch)
   trainsup report RUN_DIR [--logs DIR] [--html FILE]       timeline, time lost per incident, ETTR
+  trainsup status [RUN_DIR] [--url URL] [--json]           the live view of a running job (--metrics-port)
 
 DIR defaults to TRAINSUP_QUARANTINE_DIR, else <TRAINSUP_RUN_DIR>/quarantine. With
 TRAINSUP_KUBERNETES_QUARANTINE=1, add also cordons and taints the Kubernetes node HOST, and
@@ -27,8 +28,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == ["report"]:
         from .report import main as report
         return report(argv[1:])
+    if argv[:1] == ["status"]:
+        from .status import main as status
+        return status(argv[1:])
     p = argparse.ArgumentParser(prog="trainsup", description="trainsup operator commands "
-                                "(also: trainsup report RUN_DIR, see trainsup report --help)")
+                                "(also: trainsup report RUN_DIR, trainsup status RUN_DIR; see their --help)")
     sub = p.add_subparsers(dest="command", required=True)
     q = sub.add_parser("quarantine", help="hosts kept out of the job")
     qs = q.add_subparsers(dest="action", required=True)
