@@ -24,7 +24,8 @@ packages=(
   libnetfilter-queue-dev                  # ...and delay without netem (NetfilterQueue builds on it)
   strace                                  # crash points of the DCP checkpoint path (fault injection)
   slurmctld slurmd slurm-client munge     # a Slurm cluster the suite starts (tests/python/slurm_cluster.py)
-  prometheus                              # scrapes the agents' /metrics in tests/python/test_prometheus.py
+  prometheus                              # scrapes the agents' /metrics (tests/python/test_launcher.py)
+  chromium                                # renders the report at scale (tests/python/test_report_scale.py)
 )
 missing=()
 for p in "${packages[@]}"; do

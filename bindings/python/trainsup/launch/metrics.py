@@ -70,7 +70,7 @@ class RunDirTail:
         import glob
         for p in glob.glob(names.agent_events_file(self.run_dir, "*")):
             yield "agent", p
-        for p in glob.glob(os.path.join(self.logs_dir, "*.events.jsonl")):
+        for p in report.rank_logs(self.logs_dir)[0]:  # past 64 rank logs, rank 0's (as the report)
             yield "rank", p
         yield "fault", names.faults_file(self.run_dir)
 

@@ -14,6 +14,7 @@ import glob
 import html
 import json
 import os
+import re
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -40,12 +41,30 @@ def _events(path: str) -> List[Event]:
     return out
 
 
-def load(run_dir: str, logs_dir: Optional[str] = None) -> Tuple[List[Event], List[Event], List[Event]]:
+# Past this many rank logs only rank 0's are read (every rank logs the same checkpoints,
+# restores and first steps; a month of 4,096 ranks' logs is gigabytes): rank_logs().
+ALL_RANKS_UP_TO = 64
+_RANK0 = re.compile(r"-r0\.events\.jsonl$")
+
+
+def rank_logs(logs_dir: str, all_ranks: bool = False) -> Tuple[List[str], int]:
+    """The rank event logs to read, and how many there are: every one up to ALL_RANKS_UP_TO
+    (or with all_ranks), else rank 0's (one file per host rank 0 ever ran on)."""
+    paths = sorted(glob.glob(os.path.join(logs_dir, "*.events.jsonl")))
+    if all_ranks or len(paths) <= ALL_RANKS_UP_TO:
+        return paths, len(paths)
+    return [p for p in paths if _RANK0.search(p)], len(paths)
+
+
+def default_logs_dir(run_dir: str) -> str:
+    return os.environ.get("TRAINSUP_LOG_DIR") or os.path.join(os.path.dirname(os.path.abspath(run_dir)), "logs")
+
+
+def load(run_dir: str, logs_dir: Optional[str] = None,
+         all_ranks: bool = False) -> Tuple[List[Event], List[Event], List[Event]]:
     agents = [e for p in sorted(glob.glob(names.agent_events_file(run_dir, "*"))) for e in _events(p)]
-    if logs_dir is None:
-        guess = os.path.join(os.path.dirname(os.path.abspath(run_dir)), "logs")
-        logs_dir = os.environ.get("TRAINSUP_LOG_DIR") or guess
-    ranks = [e for p in sorted(glob.glob(os.path.join(logs_dir, "*.events.jsonl"))) for e in _events(p)]
+    paths, _ = rank_logs(logs_dir or default_logs_dir(run_dir), all_ranks)
+    ranks = [e for p in paths for e in _events(p)]
     for e in ranks:
         e["time"] = e.get("wall_s", 0.0)
     faults = _events(names.faults_file(run_dir))
@@ -106,8 +125,18 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
         incidents.append(inc)
     wall = end - start
     lost = sum(i["lost_s"] for i in incidents)
+    # Training held by checkpoint saves: per save (restart, step), the slowest rank's stall.
+    stalls: Dict[Tuple[Any, Any], float] = {}
+    for e in snapshots:
+        if "stall_s" in e:
+            key = (e.get("restart", 0), e.get("step"))
+            stalls[key] = max(stalls.get(key, 0.0), float(e["stall_s"]))
+    by_cause = {cause: sum(i[f"{cause}_s"] or 0.0 for i in incidents) for cause in ("detection", "restart", "replay")}
+    by_cause["checkpoint_stall"] = sum(stalls.values())
     return {"start": start, "end": end, "wall_s": wall, "lost_s": lost,
-            "ettr": (wall - lost) / wall if wall > 0 else 1.0, "incidents": incidents}
+            "ettr": (wall - lost) / wall if wall > 0 else 1.0, "incidents": incidents,
+            "lost_by_cause_s": by_cause, "checkpoint_saves": len(stalls),
+            "goodput": (wall - sum(by_cause.values())) / wall if wall > 0 else 1.0}
 
 
 TIMELINE_AGENT = {"rendezvous", "coordinator_elected", "coordinator_takeover", "verdict", "quarantine",
@@ -130,15 +159,62 @@ def _describe(e: Event) -> str:
     return " ".join(f"{k}={e[k]}" for k in keys if k in e and e[k] not in ("", None, []))
 
 
+# Past this many hosts the whole-run timeline (text and picture) gives way to the hosts ranked by
+# incidents and each incident's own timeline of the hosts involved.
+WHOLE_TIMELINE_HOSTS = 16
+
+
+def _hosts(rows: List[Event]) -> List[str]:
+    return sorted({e.get("host", "?") for e in rows})
+
+
+def hosts_by_incidents(a: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The culprit hosts, most incidents first: [{"host", "incidents", "kinds": {kind: n},
+    "lost_s", "first", "last"}] (the "which node keeps failing" question)."""
+    by: Dict[str, Dict[str, Any]] = {}
+    for i in a["incidents"]:
+        for h in i["hosts"][:1] or ["?"]:
+            r = by.setdefault(h, {"host": h, "incidents": 0, "kinds": {}, "lost_s": 0.0, "first": i["verdict_time"],
+                                  "last": i["verdict_time"]})
+            r["incidents"] += 1
+            r["kinds"][i["verdict"]] = r["kinds"].get(i["verdict"], 0) + 1
+            r["lost_s"] += i["lost_s"]
+            r["first"], r["last"] = min(r["first"], i["verdict_time"]), max(r["last"], i["verdict_time"])
+    return sorted(by.values(), key=lambda r: (-r["incidents"], -r["lost_s"], r["host"]))
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} days"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.1f} s"
+
+
 def text_report(a: Dict[str, Any], rows: List[Event]) -> str:
     out = []
     t0 = a["start"]
-    out.append(f"run: {a['wall_s']:.1f} s wall, {len(a['incidents'])} incident(s), "
+    out.append(f"run: {_duration(a['wall_s'])} wall, {len(a['incidents'])} incident(s), "
                f"{a['lost_s']:.1f} s lost, ETTR {a['ettr']:.3f}")
-    out.append("\ntimeline (s from the start)")
-    for e in rows:
-        who = e.get("host", "?") + (f" rank {e['rank']}" if "rank" in e and "wall_s" in e else "")
-        out.append(f"  {e['time'] - t0:9.2f}  {who:<16} {e['event']:<22} {_describe(e)}")
+    causes = a.get("lost_by_cause_s", {})
+    if causes:
+        out.append("time lost by cause: " + ", ".join(f"{c} {v:.1f} s" for c, v in causes.items())
+                   + f"; goodput (checkpoint stalls counted too) {a.get('goodput', a['ettr']):.4f}")
+    hosts = _hosts(rows)
+    if len(hosts) <= WHOLE_TIMELINE_HOSTS:
+        out.append("\ntimeline (s from the start)")
+        for e in rows:
+            who = e.get("host", "?") + (f" rank {e['rank']}" if "rank" in e and "wall_s" in e else "")
+            out.append(f"  {e['time'] - t0:9.2f}  {who:<16} {e['event']:<22} {_describe(e)}")
+    else:
+        out.append(f"\n{len(rows)} timeline events on {len(hosts)} hosts: each incident's own in the HTML report")
+        ranked = hosts_by_incidents(a)
+        out.append("\nhosts by incidents")
+        for r in ranked[:20]:
+            kinds = ", ".join(f"{k} x{n}" for k, n in sorted(r["kinds"].items(), key=lambda kv: -kv[1]))
+            out.append(f"  {r['host']:<16} {r['incidents']:3d}  {kinds}  ({r['lost_s']:.1f} s lost)")
     for n, i in enumerate(a["incidents"], 1):
         fmt = lambda x: "?" if x is None else f"{x:.2f} s"  # noqa: E731
         out.append(f"\nincident {n} (round {i['round']}): {i['verdict']} on {', '.join(i['hosts'])}"
@@ -182,20 +258,22 @@ LABELS = {"fault_injected": lambda e: f"fault ({e.get('kind', '')})",
           "give_up": lambda e: "gave up"}
 
 
-def svg_timeline(a: Dict[str, Any], rows: List[Event]) -> str:
-    """The run as an SVG picture: one lane per host, a dot per event (hover for details), key
-    events labelled, and each incident's lost time as bands: replay (work since the restored
+def svg_timeline(a: Dict[str, Any], rows: List[Event], title: Optional[str] = None) -> str:
+    """The run (or one incident's window: `a` then holds that window's start, span and incident)
+    as an SVG picture: one lane per host, a dot per event (hover for details), key events
+    labelled, and each incident's lost time as bands: replay (work since the restored
     checkpoint), detection (fault -> verdict), restart (verdict -> first step after resume)."""
-    hosts = sorted({e.get("host", "?") for e in rows})
+    hosts = _hosts(rows)
     width, lane, left, top = 1100, 52, 90, 64
     plot_w = width - left - 30
     height = top + lane * len(hosts) + 70
     t0, span = a["start"], max(a["wall_s"], 1e-6)
     x = lambda t: left + (t - t0) / span * plot_w  # noqa: E731
+    if title is None:
+        title = f'{len(a["incidents"])} incident(s), {a["lost_s"]:.1f} s lost of {a["wall_s"]:.1f} s: ETTR {a["ettr"]:.3f}'
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
            f'font-size="11"><rect width="100%" height="100%" fill="white"/>',
-           f'<text x="{left}" y="16" font-size="13" font-weight="bold">{len(a["incidents"])} incident(s), '
-           f'{a["lost_s"]:.1f} s lost of {a["wall_s"]:.1f} s: ETTR {a["ettr"]:.3f}</text>']
+           f'<text x="{left}" y="16" font-size="13" font-weight="bold">{html.escape(title)}</text>']
     bottom = top + lane * len(hosts)
     bands = (("replay", "#7f7f7f", "saved_time", "fault_time"), ("detection", "#d62728", "fault_time", "verdict_time"),
              ("restart", "#ff7f0e", "verdict_time", "resumed_time"))
@@ -249,11 +327,117 @@ def svg_timeline(a: Dict[str, Any], rows: List[Event]) -> str:
     return "\n".join(out)
 
 
+CAUSE_COLORS = {"detection": "#d62728", "restart": "#ff7f0e", "replay": "#7f7f7f", "checkpoint_stall": "#1f77b4"}
+
+
+def summary_svg(a: Dict[str, Any]) -> str:
+    """Time lost by cause as one bar (widths: shares of the time lost), labelled."""
+    causes = a.get("lost_by_cause_s", {})
+    total = sum(causes.values())
+    width, left, bar_w = 1100, 10, 1000
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="64" font-family="sans-serif" '
+           f'font-size="12" id="lost-by-cause">']
+    xpos = float(left)
+    for cause, v in causes.items():
+        w = bar_w * v / total if total > 0 else 0.0
+        if w > 0:
+            out.append(f'<rect x="{xpos:.1f}" y="6" width="{w:.1f}" height="28" fill="{CAUSE_COLORS[cause]}">'
+                       f'<title>{cause} {v:.1f} s</title></rect>')
+        xpos += w
+    lx = float(left)
+    for cause, v in causes.items():
+        share = v / total if total > 0 else 0.0
+        out.append(f'<rect x="{lx:.1f}" y="44" width="10" height="10" fill="{CAUSE_COLORS[cause]}"/>'
+                   f'<text x="{lx + 14:.1f}" y="54">{cause} {_duration(v)} ({share:.0%})</text>')
+        lx += 240
+    out.append("</svg>")
+    return "".join(out)
+
+
+INCIDENT_EVENTS = {"verdict", "quarantine", "quarantined_exit", "restart", "rendezvous", "coordinator_takeover",
+                   "agent_lost", "rendezvous_evicted", "worker_failure", "give_up"}
+
+
+def incident_window(i: Dict[str, Any], rows: List[Event], a: Dict[str, Any]) -> Tuple[Dict[str, Any], List[Event]]:
+    """One incident's own timeline: its window (from the replayed work's start, or the fault, to
+    a little after the first step after resume) and the events of the hosts involved only: the
+    culprits, who quarantined or evicted them, and the hosts of the ranks that restored and
+    resumed (one event of a kind per host: every agent logs the verdict and the restart)."""
+    t_from = min(t for t in (i.get("saved_time"), i.get("fault_time"), i["verdict_time"]) if t is not None)
+    t_to = i.get("resumed_time") or i["verdict_time"]
+    pad = max(2.0, 0.05 * (t_to - t_from))
+    w0, w1 = t_from - pad, t_to + pad
+    window = [e for e in rows if w0 <= e["time"] <= w1]
+    involved = set(i["hosts"])
+    for e in window:
+        if e["event"] in ("quarantine", "agent_lost", "rendezvous_evicted", "coordinator_takeover",
+                          "fault_injected", "checkpoint_restored", "first_step"):
+            involved.add(e.get("host", "?"))
+    seen = set()
+    picked = []
+    for e in window:
+        h = e.get("host", "?")
+        if h not in involved or (e["event"] not in INCIDENT_EVENTS and "wall_s" not in e and
+                                 e["event"] != "fault_injected"):
+            continue
+        key = (h, e["event"], e.get("rank"))
+        if key in seen:
+            continue
+        seen.add(key)
+        picked.append(e)
+    sub = {"start": w0, "wall_s": w1 - w0, "incidents": [i], "lost_s": i["lost_s"], "ettr": a["ettr"]}
+    return sub, picked
+
+
+def _when(a: Dict[str, Any], t: float) -> str:
+    return f"day {(t - a['start']) / 86400:.2f}" if a["wall_s"] > 2 * 86400 else f"{t - a['start']:.1f} s"
+
+
 def html_report(a: Dict[str, Any], rows: List[Event], text: str) -> str:
-    return ("<!doctype html><meta charset=utf-8><title>trainsup report</title>"
-            f"<h1>trainsup run: ETTR {a['ettr']:.3f}</h1><p>{len(a['incidents'])} incident(s), "
-            f"{a['lost_s']:.1f} s lost of {a['wall_s']:.1f} s (hover a dot for the event)</p>"
-            + svg_timeline(a, rows) + f"<pre>{html.escape(text)}</pre>")
+    """The page: time lost by cause and ETTR first; the hosts ranked by incidents; every
+    incident, each expandable to its own timeline of the hosts involved; and, for a run of at
+    most WHOLE_TIMELINE_HOSTS hosts, the whole run's timeline and the text report."""
+    causes = a.get("lost_by_cause_s", {})
+    hosts = _hosts(rows)
+    out = ["<!doctype html><meta charset=utf-8><title>trainsup report</title>",
+           "<style>body{font-family:sans-serif;margin:16px}table{border-collapse:collapse}"
+           "td,th{padding:2px 10px;text-align:left;border-bottom:1px solid #ddd}summary{cursor:pointer}"
+           ".big{font-size:28px;font-weight:bold}</style>",
+           f"<h1>trainsup run: ETTR {a['ettr']:.4f}</h1>",
+           f"<p class=big>{_duration(sum(causes.values()))} lost of {_duration(a['wall_s'])} in "
+           f"{len(a['incidents'])} incident(s) on {len(hosts)} hosts; goodput {a.get('goodput', a['ettr']):.4f}</p>",
+           summary_svg(a),
+           "<table><tr><th>cause</th><th>time lost</th><th>per incident</th></tr>"]
+    n = max(1, len(a["incidents"]))
+    for cause, v in causes.items():
+        per = f"{v / n:.1f} s" if cause != "checkpoint_stall" else f"{a.get('checkpoint_saves', 0)} saves"
+        out.append(f"<tr><td>{cause}</td><td>{_duration(v)}</td><td>{per}</td></tr>")
+    out.append("</table>")
+    ranked = hosts_by_incidents(a)
+    if ranked:
+        out.append("<h2>Hosts by incidents</h2><table><tr><th>host</th><th>incidents</th><th>kinds</th>"
+                   "<th>time lost</th><th>first</th><th>last</th></tr>")
+        for r in ranked[:25]:
+            kinds = ", ".join(f"{k} &times;{c}" for k, c in sorted(r["kinds"].items(), key=lambda kv: -kv[1]))
+            out.append(f"<tr><td>{html.escape(r['host'])}</td><td>{r['incidents']}</td><td>{kinds}</td>"
+                       f"<td>{_duration(r['lost_s'])}</td><td>{_when(a, r['first'])}</td><td>{_when(a, r['last'])}</td></tr>")
+        if len(ranked) > 25:
+            out.append(f"<tr><td colspan=6>... {len(ranked) - 25} more hosts with one incident or fewer</td></tr>")
+        out.append("</table>")
+    if a["incidents"]:
+        out.append("<h2>Incidents</h2>")
+    fmt = lambda v: "?" if v is None else f"{v:.1f} s"  # noqa: E731
+    for k, i in enumerate(a["incidents"], 1):
+        sub, picked = incident_window(i, rows, a)
+        head = (f"incident {k} ({_when(a, i['verdict_time'])}, round {i['round']}): {html.escape(i['verdict'])} on "
+                f"{html.escape(', '.join(i['hosts']))}: detection {fmt(i['detection_s'])}, restart "
+                f"{fmt(i['restart_s'])}, replay {fmt(i['replay_s'])}")
+        out.append(f"<details><summary>{head}</summary>"
+                   + svg_timeline(sub, picked, title=f"incident {k}: {i['lost_s']:.1f} s lost") + "</details>")
+    if len(hosts) <= WHOLE_TIMELINE_HOSTS:
+        out.append("<h2>The whole run</h2><p>hover a dot for the event</p>" + svg_timeline(a, rows)
+                   + f"<pre>{html.escape(text)}</pre>")
+    return "\n".join(out)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -261,8 +445,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("run_dir")
     p.add_argument("--logs", default=None, help="the ranks' TRAINSUP_LOG_DIR (default: RUN_DIR/../logs)")
     p.add_argument("--html", default=None, help="where to write the HTML timeline (default RUN_DIR/report.html)")
+    p.add_argument("--all-ranks", action="store_true",
+                   help=f"read every rank's event log (default: all up to {ALL_RANKS_UP_TO} logs, else rank 0's)")
     args = p.parse_args(argv)
-    agents, ranks, faults = load(args.run_dir, args.logs)
+    logs_dir = args.logs or default_logs_dir(args.run_dir)
+    read, there = rank_logs(logs_dir, args.all_ranks)
+    if len(read) < there:
+        print(f"(read the event logs of rank 0 only: {len(read)} of {there} rank logs; --all-ranks reads every one)")
+    agents, ranks, faults = load(args.run_dir, logs_dir, args.all_ranks)
     if not agents and not ranks:
         print(f"trainsup report: no event logs in {args.run_dir} (nor in the ranks' log dir)", file=sys.stderr)
         return 1
@@ -275,6 +465,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f.write(html_report(a, rows, text))
     print(f"\nHTML timeline: {path}")
     print(json.dumps({"ettr": round(a["ettr"], 4), "lost_s": round(a["lost_s"], 3), "wall_s": round(a["wall_s"], 3),
+                      "goodput": round(a["goodput"], 4),
+                      "lost_by_cause_s": {k: round(v, 3) for k, v in a["lost_by_cause_s"].items()},
+                      "hosts_by_incidents": [{k: r[k] for k in ("host", "incidents")} for r in hosts_by_incidents(a)][:10],
                       "incidents": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in i.items()}
                                     for i in a["incidents"]]}))
     return 0
