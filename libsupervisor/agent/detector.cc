@@ -663,6 +663,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                        "rank " + std::to_string(r) + "'s telemetry connection closed" +
                            (first ? " (the first rank to go)" : " (after another rank went: likely a consequence)") +
                            whereIs(r)));
+    out.back().onset_s = static_cast<double>(now_ns - last_seen_ns_[r]) / 1e9;  // since it closed
   }
   // Silent ranks.
   const int64_t base_silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
@@ -681,6 +682,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                              : "no telemetry from rank " + std::to_string(r) + " for " +
                                    fmtS(now_ns - last_seen_ns_[r]) + " (timeout " + fmtS(silence) + ")" +
                                    whereIs(r)));
+      if (!expected_only_[r]) out.back().onset_s = static_cast<double>(now_ns - last_seen_ns_[r]) / 1e9;
     }
   }
   // Own-watchdog reports and straggler findings, as they came.
@@ -775,6 +777,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                              "): too slow for the job to go on (waiting: rank(s) " +
                              listRanks(missing.empty() ? unfinished : missing) + ")",
                          key.seq, collectiveOpName(p.op), key.group));
+      out.back().onset_s = static_cast<double>(open_for) / 1e9;
       break;
     }
     if (!missing.empty()) {  // slow_ranks is empty here: `c` is resolved
@@ -802,6 +805,7 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
       if (named.size() < c.roots.size()) evidence += "; member(s) of the group not yet known by rank";
       if (!named.empty()) evidence += whereIs(named.front());
       out.push_back(make(VerdictKind::kHungRank, named, evidence, c.key.seq, collectiveOpName(at.op), c.key.group));
+      out.back().onset_s = static_cast<double>(open_for) / 1e9;
     } else if (p.exited_count > 0) {
       // The others got through: the collective works, these ranks are stuck inside it.
       out.push_back(make(VerdictKind::kHungRank, unfinished,
@@ -809,12 +813,14 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                              " completed it; rank(s) " + listRanks(unfinished) + " did not, " + fmtS(confirm_ns) +
                              " past the budget" + whereIs(unfinished.front()),
                          key.seq, collectiveOpName(p.op), key.group));
+      out.back().onset_s = static_cast<double>(open_for) / 1e9;
     } else {
       out.push_back(make(VerdictKind::kCommunicationFault, unfinished,
                          what + ": every rank entered it, rank(s) " + listRanks(unfinished) +
                              " did not complete it within the budget and the " + fmtS(confirm_ns) +
                              " more given to the network to recover: the fault is in communication between them",
                          key.seq, collectiveOpName(p.op), key.group));
+      out.back().onset_s = static_cast<double>(open_for) / 1e9;
     }
     break;  // later collectives are stuck behind this one
   }

@@ -106,6 +106,8 @@ TEST(DetectorTest, RankThatNeverEntersIsNamedWithItsHostAfterTheBudget) {
   EXPECT_EQ(v[0].section, "forward");
   EXPECT_EQ(v[0].local_ranks, std::vector<int>{0});
   EXPECT_EQ(v[0].step, 41);
+  // The fault showed when the others entered (the culprit should have too): 5.1 s before.
+  EXPECT_NEAR(v[0].onset_s, 5.1, 1e-9);
   EXPECT_TRUE(job.det.evaluate(job.now + 6 * kS).empty()) << "reported once";
 }
 
@@ -206,12 +208,15 @@ TEST(DetectorTest, SilentAndDeadRanks) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
   EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-d"});
+  // Its last sign of life: the last step's collective exit, t0 (what the report counts from).
+  EXPECT_NEAR(v[0].onset_s, 5.1, 1e-9);
   job.det.onDisconnect(1, t0 + 5200 * kMs);  // SIGKILL: the connection closes, named at once
   for (int r : {0, 2}) job.det.onHeartbeat(r, t0 + 5200 * kMs);
-  v = job.det.evaluate(t0 + 5200 * kMs);
+  v = job.det.evaluate(t0 + 5250 * kMs);
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].kind, VerdictKind::kDeadRank);
   EXPECT_EQ(v[0].ranks, std::vector<int>{1});
+  EXPECT_NEAR(v[0].onset_s, 0.05, 1e-9);  // it closed 50 ms before this evaluation
 }
 
 TEST(DetectorTest, RanksAskedToStopAreLeavingNotBroken) {

@@ -134,3 +134,29 @@ def test_trainsup_status_shows_who_has_not_entered_the_oldest_collective(tmp_pat
     finally:
         server.close()
     assert status.main([str(tmp_path / "empty")]) == 1
+
+
+def test_without_a_fault_marker_detection_counts_from_the_verdicts_onset(tmp_path):
+    """Real faults leave no marker: the verdict's onset_s (the culprit's last sign of life, the
+    hung collective's first entry) dates the fault, in the report and the metrics alike."""
+    run, logs = _job(tmp_path)
+    os.remove(names.faults_file(str(run)))
+    a = report.analyse(*report.load(str(run), str(logs)))
+    assert a["incidents"][0]["detection_s"] is None  # no marker, no onset: not counted
+    path = names.agent_events_file(str(run), "host-a")
+    lines = [json.loads(x) for x in open(path)]
+    for e in lines:
+        if e["event"] == "verdict":
+            e["onset_s"] = 3.5
+    with open(path, "w") as f:
+        f.writelines(json.dumps(e) + "\n" for e in lines)
+    (inc,) = report.analyse(*report.load(str(run), str(logs)))["incidents"]
+    assert inc["fault_estimated"] and inc["detection_s"] == pytest.approx(3.5)
+    assert inc["replay_s"] == pytest.approx(1096.5 - 1090.0)  # from the save to the estimated fault
+    server = MetricsServer(lambda: _state(True), str(run), str(logs), 0, "127.0.0.1", refresh_s=0.0)
+    try:
+        m = _samples(_get(server, "/metrics"))
+        assert m[("trainsup_lost_seconds_total", (("cause", "detection"),))] == pytest.approx(3.5)
+        assert m[("trainsup_detection_seconds_count", ())] == 1
+    finally:
+        server.close()

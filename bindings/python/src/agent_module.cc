@@ -106,6 +106,7 @@ class PyCoordinator {
       d["section"] = v.section;
       d["step"] = v.step;
       d["evidence"] = v.evidence;
+      d["onset_s"] = v.onset_s;
       out.append(d);
     }
     return out;

@@ -148,12 +148,12 @@ class VerdictWatch:
                         f"(timeout {a.settings['agent_timeout_s']:g} s): the host died with its ranks "
                         f"{', '.join(map(str, ranks)) or '(none known)'}")
             ours = {"kind": "dead_host", "ranks": ranks, "hosts": [host], "gpus": gpus, "section": "",
-                    "evidence": evidence}
+                    "evidence": evidence, "onset_s": round(silent_s, 3)}
             held = publish_verdict(a.store, job_id, ours, replaces=("failed_rank",))
             if held == ours:
                 self._handled.add((job_id, json.dumps(ours, sort_keys=True)))
                 a.events.write("verdict", round=rnd, kind="dead_host", ranks=ranks, hosts=[host], section="",
-                               evidence=evidence)
+                               evidence=evidence, onset_s=round(silent_s, 3))
                 services = a.services
                 if services is not None and services.job_id == job_id:
                     self.order_local_abort(services, ours)
@@ -205,7 +205,8 @@ class VerdictWatch:
         self._handled.add(key)
         a.events.write("verdict", round=a.round, kind=v["kind"], ranks=v["ranks"], hosts=v["hosts"],
                        section=v.get("section", ""), group=v.get("group", ""), op=v.get("op", ""),
-                       seq=v.get("seq", 0), other_op=v.get("other_op", ""), evidence=v.get("evidence", ""))
+                       seq=v.get("seq", 0), other_op=v.get("other_op", ""), evidence=v.get("evidence", ""),
+                       onset_s=round(float(v.get("onset_s", -1)), 3))
         culprits = v["hosts"][:1] if v["kind"] in QUARANTINE_KINDS else []
         if culprits and culprits[0] != a.node and a.liveness.isolated_from(culprits[0]):
             a.events.write("verdict_withheld", round=a.round, kind=v["kind"], hosts=v["hosts"],

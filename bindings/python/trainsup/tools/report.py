@@ -2,7 +2,8 @@
 
 Reads the launcher's agent event logs (RUN_DIR/agent-*.events.jsonl), the ranks' event logs
 (--logs, default RUN_DIR/../logs or TRAINSUP_LOG_DIR) and fault markers a harness may leave
-(RUN_DIR/faults.jsonl: {"event": "fault_injected", "time", "host", "kind"}). Prints a timeline
+(RUN_DIR/faults.jsonl: {"event": "fault_injected", "time", "host", "kind"}; without one, an
+incident's fault time is the verdict's onset: verdict time - onset_s). Prints a timeline
 (fault, verdict, quarantine, abort, rendezvous, restore, first step after resume) and, per
 incident, the time lost split into detection (fault -> verdict), replay (work since the restored
 checkpoint's step was snapshotted, done again) and restart (verdict -> first step after resume), then the
@@ -93,6 +94,11 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
             continue
         seen_rounds.add(v.get("round"))
         fault = max((f["time"] for f in faults if f["time"] <= v["time"]), default=None)
+        # No fault marker (real faults leave none): the verdict's own onset, where its evidence
+        # gives one (a dead or silent rank's last sign of life, a hung collective's first entry).
+        estimated = fault is None and float(v.get("onset_s", -1)) >= 0
+        if estimated:
+            fault = v["time"] - float(v["onset_s"])
         resumed = next((f["time"] for f in firsts if f["time"] > v["time"]), None)
         restored = next((r for r in restores if r["time"] > v["time"]), None)
         t_fault = fault if fault is not None else v["time"]
@@ -108,7 +114,8 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
         inc = {
             "round": v.get("round"), "verdict": v["kind"], "hosts": v.get("hosts", []), "section": v.get("section", ""),
             "group": v.get("group", ""), "op": v.get("op", ""), "seq": v.get("seq", 0), "other_op": v.get("other_op", ""),
-            "fault_time": fault, "verdict_time": v["time"], "resumed_time": resumed, "saved_time": saved,
+            "fault_time": fault, "fault_estimated": estimated, "verdict_time": v["time"], "resumed_time": resumed,
+            "saved_time": saved,
             "restored_step": restored["step"] if restored else None,
             # Where the state came from: "memory" (this host's or a peer's copy) or "disk"; and,
             # when the memory tier could not serve, why (docs/snapshots.md).

@@ -118,6 +118,10 @@ struct Verdict {
   std::string evidence;            // human-readable: what was seen, against which budget
   std::string section;             // the first culprit's section, where known (e.g. "forward")
   int64_t step = -1;               // ...and its step
+  // How long before the verdict the fault showed, where the evidence says (-1: unknown): a dead
+  // or silent rank's last sign of life, a hung collective's first entry. `trainsup report` and
+  // the metrics take verdict time - onset_s as the fault's time when no fault marker exists.
+  double onset_s = -1;
 };
 
 // What a detector knows now, for operators (the agent's /status and /metrics, `trainsup
