@@ -29,6 +29,7 @@ import subprocess
 import time
 import urllib.request
 
+from daemons import Daemons
 from trainsup.ports import free_port
 
 BINARIES = ("kube-apiserver", "kube-scheduler", "kube-controller-manager")
@@ -43,11 +44,12 @@ def binaries_dir():
     return None
 
 
-class KubeCluster:
+class KubeCluster(Daemons):
     def __init__(self, workdir, bin_dir):
         self.dir = pathlib.Path(workdir).resolve()
         self.bin = pathlib.Path(bin_dir)
         self.procs = {}
+        self.log_dir = self.dir / "log"
         self.admin_token = os.urandom(16).hex()
         self.api_port = free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
@@ -80,20 +82,6 @@ class KubeCluster:
         out = open(self.dir / "log" / f"{name}.out", "ab")
         self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
-
-    def _until(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        while True:
-            got = pred()
-            if got:
-                return got
-            for name, p in self.procs.items():
-                if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({p.returncode}) while waiting for {what}; "
-                                       f"logs in {self.dir / 'log'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not after {timeout} s; logs in {self.dir / 'log'}")
-            time.sleep(0.2)  # polls the API server's state; bounded
 
     def _ready(self):
         ctx = ssl.create_default_context(cafile=str(self.dir / "certs" / "apiserver.crt")) \
@@ -152,16 +140,6 @@ class KubeCluster:
                 os.killpg(p.pid, 9)
                 p.wait(5)
 
-    def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc):
-        self.stop()
-
     # --- the API ---
     def api_client(self, kubeconfig=None):
         """A kubernetes.client.ApiClient for `kubeconfig` (default: the administrator's)."""
@@ -202,5 +180,3 @@ class KubeCluster:
             "spec": {"audiences": ["https://kubernetes.default.svc.cluster.local"], "expirationSeconds": 3600}})
         return self.write_kubeconfig(path, f"system:serviceaccount:{namespace}:{name}", req.status.token)
 
-    def wait_for(self, pred, timeout, what):
-        return self._until(pred, timeout, what)

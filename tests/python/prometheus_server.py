@@ -13,10 +13,10 @@ import os
 import pathlib
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 
+from daemons import Daemons
 from trainsup import names
 from trainsup.ports import free_port
 
@@ -25,13 +25,14 @@ def binary():
     return shutil.which("prometheus") or ("/usr/bin/prometheus" if os.path.exists("/usr/bin/prometheus") else None)
 
 
-class PrometheusServer:
+class PrometheusServer(Daemons):
     def __init__(self, workdir, scrape_interval="1s"):
         self.dir = pathlib.Path(workdir).resolve()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.scrape_interval = scrape_interval
-        self.proc = None
+        self.procs = {}
+        self.log_dir = self.dir / "prometheus.log"
         self.targets = self.dir / "targets.json"
 
     def start(self):
@@ -42,18 +43,12 @@ class PrometheusServer:
                                    "file_sd_configs": [{"files": [str(self.targets)], "refresh_interval": "1s"}]}]}
         (self.dir / "prometheus.yml").write_text(json.dumps(cfg))  # JSON is YAML
         log = open(self.dir / "prometheus.log", "ab")
-        self.proc = subprocess.Popen([binary(), f"--config.file={self.dir / 'prometheus.yml'}",
-                                      f"--storage.tsdb.path={self.dir / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs["prometheus"] = subprocess.Popen([binary(), f"--config.file={self.dir / 'prometheus.yml'}",
+                                                     f"--storage.tsdb.path={self.dir / 'data'}",
+                                                     f"--web.listen-address=127.0.0.1:{self.port}"],
+                                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
-        deadline = time.monotonic() + 60
-        while not self._ready():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited ({self.proc.returncode}); log {self.dir / 'prometheus.log'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"prometheus not ready after 60 s; log {self.dir / 'prometheus.log'}")
-            time.sleep(0.2)  # polls its readiness endpoint; bounded
+        self._until(self._ready, 60, "prometheus ready (/-/ready)")
         return self
 
     def _ready(self):
@@ -64,23 +59,14 @@ class PrometheusServer:
             return False
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        p = self.procs.get("prometheus")
+        if p is not None and p.poll() is None:
+            p.terminate()
             try:
-                self.proc.wait(15)
+                p.wait(15)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc):
-        self.stop()
+                p.kill()
+                p.wait(5)
 
     def set_targets(self, run_dir):
         """Scrape every agent that left an endpoint in `run_dir`; returns the addresses."""

@@ -26,8 +26,8 @@ import pathlib
 import shutil
 import socket
 import subprocess
-import time
 
+from daemons import Daemons
 from trainsup.ports import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "sinfo", "squeue", "srun")
@@ -42,12 +42,13 @@ def _which(name):
     return shutil.which(name) or f"/usr/sbin/{name}"
 
 
-class SlurmCluster:
+class SlurmCluster(Daemons):
     def __init__(self, workdir, nodes=("n1", "n2", "n3"), cpus=2, memory_mb=2048):
         self.dir = pathlib.Path(workdir).resolve()
         self.nodes = list(nodes)
         self.cpus, self.memory_mb = cpus, memory_mb
         self.procs = {}
+        self.log_dir = self.dir / "log"
         self.conf = self.dir / "slurm.conf"
         self.munge_socket = self.dir / "munge" / "munge.socket"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
@@ -112,20 +113,6 @@ class SlurmCluster:
                                             start_new_session=True)
         out.close()
 
-    def _until(self, pred, timeout, what):
-        deadline = time.monotonic() + timeout
-        while True:
-            got = pred()
-            if got:
-                return got
-            for name, p in self.procs.items():
-                if p.poll() is not None:
-                    raise RuntimeError(f"{name} exited ({p.returncode}) while waiting for {what}; "
-                                       f"logs in {self.dir / 'log'}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not after {timeout} s; logs in {self.dir / 'log'}")
-            time.sleep(0.2)  # polls the daemons' state through their CLI; bounded
-
     def start(self):
         self._write_config()
         m = self.dir / "munge"
@@ -189,16 +176,6 @@ class SlurmCluster:
                 continue
         return pids
 
-    def __enter__(self):
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc):
-        self.stop()
-
     # --- the CLI ---
     def run(self, cmd, check=True, timeout=60, **kw):
         return subprocess.run(cmd, env=kw.pop("env", self.env), capture_output=True, text=True, timeout=timeout,
@@ -232,5 +209,3 @@ class SlurmCluster:
             rows.append((f.get("JobId"), f.get("ArrayTaskId"), f.get("JobState"), f.get("NodeList"), f.get("Reason")))
         return rows
 
-    def wait_for(self, pred, timeout, what):
-        return self._until(pred, timeout, what)

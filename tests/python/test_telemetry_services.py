@@ -2,6 +2,7 @@
 TCPStore: one coordinator is elected, ranks on both hosts are heard through their node
 monitors, and when the coordinator's host dies the other agent takes over and names the rank of
 the dead host, with its host, from the rank table the first coordinator published."""
+import contextlib
 import datetime
 import json
 import os
@@ -33,6 +34,28 @@ def _rank(tmp_path, rank, host, services):
     return subprocess.Popen([sys.executable, "-c", RANK_LOOP], env=env)
 
 
+@contextlib.contextmanager
+def _two_hosts(tmp_path, job):
+    """host-a's and host-b's services (host-a in office) on a real TCPStore, a rank on each, the
+    rank table published; everything ended after."""
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
+    a = NodeServices(store, job, "host-a", 2, str(tmp_path / "a"))
+    b = NodeServices(store, job, "host-b", 2, str(tmp_path / "b"))
+    ranks = []
+    try:
+        ranks = [_rank(tmp_path, 0, "host-a", a), _rank(tmp_path, 1, "host-b", b)]
+        key = f"trainsup/telemetry/{job}/ranks"
+        _until(lambda: len(json.loads(peek(store, key) or "[]")) == 2, 60, "rank table not published")
+        yield store, a, b, ranks
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        a.close()
+        b.close()
+
+
 def _until(pred, timeout, what):
     deadline = time.monotonic() + timeout
     while not pred():
@@ -41,17 +64,10 @@ def _until(pred, timeout, what):
 
 
 def test_election_rank_table_and_takeover_after_the_coordinator_host_dies(tmp_path):
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
-    a = NodeServices(store, "svc", "host-a", 2, str(tmp_path / "a"))
-    b = NodeServices(store, "svc", "host-b", 2, str(tmp_path / "b"))
-    ranks = []
-    try:
+    with _two_hosts(tmp_path, "svc") as (store, a, b, ranks):
         assert a.token == b.token and len(a.token) == 32
         assert a.in_office and not b.in_office  # the first to offer wins; the other follows
-        ranks = [_rank(tmp_path, 0, "host-a", a), _rank(tmp_path, 1, "host-b", b)]
-        key = "trainsup/telemetry/svc/ranks"
-        _until(lambda: len(json.loads(peek(store, key) or "[]")) == 2, 60, "rank table not published")
-        table = {r[0]: r[2] for r in json.loads(peek(store, key))}
+        table = {r[0]: r[2] for r in json.loads(peek(store, "trainsup/telemetry/svc/ranks"))}
         assert table == {0: "host-a", 1: "host-b"}
         # host-a dies: its agent (node monitor + coordinator) and its rank, at once.
         a.close()
@@ -66,13 +82,6 @@ def test_election_rank_table_and_takeover_after_the_coordinator_host_dies(tmp_pa
         assert v["ranks"] == [0] and v["hosts"] == ["host-a"], v
         assert took <= 3.0 + 5.0 + 1.0 + 2.0, took  # takeover_s + expectation window + slack
         assert ranks[1].poll() is None or ranks[1].returncode == trainsup.EXIT_ABORTED
-    finally:
-        for p in ranks:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        a.close()
-        b.close()
 
 
 def test_a_coordinator_taken_over_stops_at_once_not_at_the_next_round(tmp_path):
@@ -245,15 +254,8 @@ def test_a_worker_killed_on_the_coordinators_own_host_is_named_before_its_agent_
     closed its coordinator before it had named the rank: the job restarted with the failed host
     in it (seen once in CI's grow scenario). flush(settle_s) waits for that verdict, bounded."""
     from trainsup.launch.launcher import VERDICT_SETTLE_S
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30))
-    a = NodeServices(store, "svc7", "host-a", 2, str(tmp_path / "a"))
-    b = NodeServices(store, "svc7", "host-b", 2, str(tmp_path / "b"))
-    ranks = []
-    try:
+    with _two_hosts(tmp_path, "svc7") as (store, a, b, ranks):
         assert a.in_office
-        ranks = [_rank(tmp_path, 0, "host-a", a), _rank(tmp_path, 1, "host-b", b)]
-        key = "trainsup/telemetry/svc7/ranks"
-        _until(lambda: len(json.loads(peek(store, key) or "[]")) == 2, 60, "rank table not published")
         a._stop.set()
         a.coordinator.wake()
         a._thread.join(10)  # no tick of its own: only the flush can publish what comes now
@@ -267,10 +269,3 @@ def test_a_worker_killed_on_the_coordinators_own_host_is_named_before_its_agent_
         print(f"[measure] worker killed on the coordinator's host: {v['kind']} published {took * 1e3:.0f} ms "
               f"after its exit was seen")
         assert took < VERDICT_SETTLE_S + 0.2, took
-    finally:
-        for p in ranks:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        a.close()
-        b.close()

@@ -62,7 +62,7 @@ class NodesWaiting:
         n = self.inner.num_nodes_waiting()
         st = compat.state(self.inner)
         # Every node waiting, spares included (metrics: trainsup_spares_waiting), from this read.
-        self.spares = len(st.wait_list) + len(getattr(st, "redundancy_list", ()) or ())
+        self.spares = len(getattr(st, "wait_list", ()) or ()) + len(getattr(st, "redundancy_list", ()) or ())
         if n and st.complete and len(st.participants) >= compat.max_nodes(self.inner):
             n = 0  # spares: no room for them, so no reason to restart for them
         self.answer = n
