@@ -120,7 +120,9 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         from .metrics import MetricsServer
         self.metrics = MetricsServer(self._metrics_state, self.run_dir, os.environ.get("TRAINSUP_LOG_DIR"),
                                      settings["metrics_port"], settings.get("metrics_bind", "0.0.0.0"))
-        advertise = settings.get("advertise") or self.node
+        bind = settings.get("metrics_bind", "0.0.0.0")
+        # Where others reach it: the address it listens on, if one; else the coordinator's.
+        advertise = bind if bind not in ("0.0.0.0", "::", "") else (settings.get("advertise") or self.node)
         url = f"http://{advertise}:{self.metrics.port}"
         names.write_endpoint(self.run_dir, self.node, url)
         self.events.write("metrics_serving", url=url)
