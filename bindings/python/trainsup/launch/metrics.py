@@ -63,7 +63,7 @@ class RunDirTail:
 
     def __init__(self, run_dir: str, logs_dir: Optional[str]) -> None:
         self.run_dir = run_dir
-        self.logs_dir = logs_dir or os.path.join(os.path.dirname(os.path.abspath(run_dir)), "logs")
+        self.logs_dir = logs_dir or report.default_logs_dir(run_dir)
         self.tails: Dict[str, _FileTail] = {}
 
     def _files(self) -> Iterator[Tuple[str, str]]:
@@ -91,35 +91,12 @@ class RunDirTail:
         return agents, ranks, faults
 
 
-def checkpoint_figures(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """Checkpoint stall, persist and restore durations (one per step or restore: the slowest
-    rank's, since the job waits for it) and the newest committed step."""
-    stall: Dict[Tuple[int, Any], float] = {}
-    persist: Dict[Tuple[int, Any], float] = {}
-    restore: Dict[Tuple[float, Any], float] = {}
-    newest = -1
-    for e in ranks:
-        ev = e.get("event")
-        key = (e.get("restart", 0), e.get("step"))
-        if ev == "checkpoint_snapshot" and "stall_s" in e:
-            stall[key] = max(stall.get(key, 0.0), float(e["stall_s"]))
-        elif ev == "checkpoint_committed":
-            if "persist_s" in e:
-                persist[key] = max(persist.get(key, 0.0), float(e["persist_s"]))
-            newest = max(newest, int(e.get("step", -1)))
-        elif ev == "checkpoint_restored" and "restore_s" in e:
-            rkey = (e.get("restart", 0), e.get("step"))
-            restore[rkey] = max(restore.get(rkey, 0.0), float(e["restore_s"]))
-    return {"stall_s": list(stall.values()), "persist_s": list(persist.values()),
-            "restore_s": list(restore.values()), "newest_step": newest}
-
-
-def _histogram(name: str, doc: str, values: List[float], bounds: Tuple[float, ...], labels=(), label_values=()):
+def _histogram(name: str, doc: str, values: List[float], bounds: Tuple[float, ...]):
     from prometheus_client.core import HistogramMetricFamily
-    h = HistogramMetricFamily(name, doc, labels=list(labels))
+    h = HistogramMetricFamily(name, doc)
     buckets = [(repr(float(b)), float(sum(1 for v in values if v <= b))) for b in bounds]
     buckets.append(("+Inf", float(len(values))))
-    h.add_metric(list(label_values), buckets, sum_value=float(sum(values)))
+    h.add_metric([], buckets, sum_value=float(sum(values)))
     return h
 
 
@@ -136,7 +113,7 @@ class _Collector:
         return []
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import GaugeMetricFamily
         st = self.server.state()
         host = st["host"]
         g = GaugeMetricFamily("trainsup_agent_info", "This launcher agent (value 1)", labels=["host", "run_id"])
@@ -174,8 +151,7 @@ class _Collector:
         lost = CounterMetricFamily("trainsup_lost_seconds", "Time lost, by cause: detection (fault to verdict), restart "
                                    "(verdict to the first step after resume), replay (work redone since the restored "
                                    "checkpoint), checkpoint_stall (training held by checkpoint saves)", labels=["cause"])
-        by = {cause: sum(i.get(f"{cause}_s") or 0.0 for i in incidents) for cause in ("detection", "restart", "replay")}
-        by["checkpoint_stall"] = sum(ckpt["stall_s"])
+        by = a["lost_by_cause_s"] if a else {c: 0.0 for c in ("detection", "restart", "replay", "checkpoint_stall")}
         for cause, v in by.items():
             lost.add_metric([cause], v)
         yield lost
@@ -185,7 +161,7 @@ class _Collector:
                 ("trainsup_ettr_ratio", "Effective training time ratio so far, as `trainsup report` computes it: "
                  "(wall - detection - restart - replay) / wall", a.get("ettr", 1.0) if a else 1.0),
                 ("trainsup_goodput_ratio", "(wall - all time lost, checkpoint stalls included) / wall",
-                 (wall - sum(by.values())) / wall if wall > 0 else 1.0),
+                 a.get("goodput", 1.0) if a else 1.0),
                 ("trainsup_checkpoint_newest_step", "The newest committed checkpoint's step (-1: none)",
                  ckpt["newest_step"])):
             g = GaugeMetricFamily(name, doc)
@@ -235,7 +211,8 @@ class MetricsServer:
         self.tail = RunDirTail(run_dir, logs_dir)
         self.refresh_s = refresh_s
         self._lock = threading.Lock()
-        self._analysis: Tuple[float, Optional[Dict[str, Any]], Dict[str, Any]] = (-1e18, None, checkpoint_figures([]))
+        self._analysis: Tuple[float, Optional[Dict[str, Any]], Dict[str, Any]] = (-1e18, None,
+                                                                                  report.checkpoint_figures([]))
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
         server = self
@@ -281,7 +258,7 @@ class MetricsServer:
                     a = report.analyse(agents, ranks, faults)
                 except ValueError:  # no events yet
                     a = None
-                ckpt = checkpoint_figures(ranks)
+                ckpt = report.checkpoint_figures(ranks)
                 self._analysis = (time.monotonic(), a, ckpt)
             return a, ckpt
 

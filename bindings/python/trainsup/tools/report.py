@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import names
 
-__all__ = ["load", "analyse", "timeline", "text_report", "html_report", "main"]
+__all__ = ["load", "analyse", "checkpoint_figures", "timeline", "text_report", "html_report", "main"]
 
 Event = Dict[str, Any]
 
@@ -70,6 +70,29 @@ def load(run_dir: str, logs_dir: Optional[str] = None,
         e["time"] = e.get("wall_s", 0.0)
     faults = _events(names.faults_file(run_dir))
     return agents, ranks, faults
+
+
+def checkpoint_figures(ranks: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Checkpoint stall, persist and restore durations (one per step or restore: the slowest
+    rank's, since the job waits for it) and the newest committed step."""
+    stall: Dict[Tuple[Any, Any], float] = {}
+    persist: Dict[Tuple[Any, Any], float] = {}
+    restore: Dict[Tuple[Any, Any], float] = {}
+    newest = -1
+    for e in ranks:
+        ev = e.get("event")
+        key = (e.get("restart", 0), e.get("step"))
+        if ev == "checkpoint_snapshot" and "stall_s" in e:
+            stall[key] = max(stall.get(key, 0.0), float(e["stall_s"]))
+        elif ev == "checkpoint_committed":
+            if "persist_s" in e:
+                persist[key] = max(persist.get(key, 0.0), float(e["persist_s"]))
+            newest = max(newest, int(e.get("step", -1)))
+        elif ev == "checkpoint_restored" and "restore_s" in e:
+            rkey = (e.get("restart", 0), e.get("step"))
+            restore[rkey] = max(restore.get(rkey, 0.0), float(e["restore_s"]))
+    return {"stall_s": list(stall.values()), "persist_s": list(persist.values()),
+            "restore_s": list(restore.values()), "newest_step": newest}
 
 
 def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dict[str, Any]:
@@ -133,13 +156,9 @@ def analyse(agents: List[Event], ranks: List[Event], faults: List[Event]) -> Dic
     wall = end - start
     lost = sum(i["lost_s"] for i in incidents)
     # Training held by checkpoint saves: per save (restart, step), the slowest rank's stall.
-    stalls: Dict[Tuple[Any, Any], float] = {}
-    for e in snapshots:
-        if "stall_s" in e:
-            key = (e.get("restart", 0), e.get("step"))
-            stalls[key] = max(stalls.get(key, 0.0), float(e["stall_s"]))
+    stalls = checkpoint_figures(ranks)["stall_s"]
     by_cause = {cause: sum(i[f"{cause}_s"] or 0.0 for i in incidents) for cause in ("detection", "restart", "replay")}
-    by_cause["checkpoint_stall"] = sum(stalls.values())
+    by_cause["checkpoint_stall"] = sum(stalls)
     return {"start": start, "end": end, "wall_s": wall, "lost_s": lost,
             "ettr": (wall - lost) / wall if wall > 0 else 1.0, "incidents": incidents,
             "lost_by_cause_s": by_cause, "checkpoint_saves": len(stalls),
