@@ -142,7 +142,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       for (const auto& h : m.heartbeats) {
         if (foreign(h.rank)) continue;
         ranks_.insert(h.rank);
-        o.detector->onHeartbeat(h.rank, now);
+        o.detector->onHeartbeat(h.rank, now, h.sent_ns);
         if (h.section[0] != '\0') o.detector->onProgress(h.rank, h.step, h.section, h.in_section_ns, now);
       }
       for (const auto& s : m.stalls) {

@@ -53,6 +53,7 @@ Detector::Detector(std::vector<RankInfo> ranks, DetectorOptions options)
       world_(static_cast<int>(ranks_.size())),
       last_seen_ns_(world_, -1),
       progress_(world_),
+      transit_(world_),
       silent_reported_(world_, false),
       dead_(world_, false),
       dead_reported_(world_, false),
@@ -185,6 +186,46 @@ void Detector::onHeartbeat(int rank, int64_t now_ns) {
   last_seen_ns_[rank] = now_ns;
   expected_only_[rank] = false;
   silent_reported_[rank] = false;
+}
+
+void Detector::onHeartbeat(int rank, int64_t now_ns, int64_t sent_ns) {
+  onHeartbeat(rank, now_ns);
+  if (rank < 0 || rank >= world_ || sent_ns <= 0) return;
+  Transit& t = transit_[rank];
+  const int64_t transit = now_ns - sent_ns;  // the hosts' clock offset included
+  if (t.base_at_ns < 0) {
+    t.base_ns = transit;
+  } else {
+    // Creep up by 10 ppm of the time passed: two hosts' clocks drift apart by a few ppm, and a
+    // base that could only fall would turn that drift into lag over days.
+    t.base_ns = std::min(t.base_ns + (now_ns - t.base_at_ns) / 100000, transit);
+  }
+  t.base_at_ns = now_ns;
+  t.excess_ns[t.count % 3] = transit - t.base_ns;
+  ++t.count;
+  if (t.count < 3) return;
+  int64_t e[3] = {t.excess_ns[0], t.excess_ns[1], t.excess_ns[2]};
+  std::sort(e, e + 3);
+  const auto lag = static_cast<int64_t>(options_.transit_lag_s * 1e9);
+  if (e[1] < lag) return;
+  // Compare with the other hosts' ranks heard in the last second: if they are late as well,
+  // the delay is on this side (the coordinator's host busy), and marks nobody.
+  std::vector<int64_t> others;
+  for (int r = 0; r < world_; ++r) {
+    const Transit& o = transit_[r];
+    if (r == rank || o.count == 0 || ranks_[r].host == ranks_[rank].host || dead_[r] || finished_[r]) continue;
+    if (now_ns - last_seen_ns_[r] > 1000000000) continue;
+    others.push_back(o.excess_ns[(o.count - 1) % 3]);
+  }
+  if (others.empty()) return;
+  std::nth_element(others.begin(), others.begin() + others.size() / 2, others.end());
+  if (others[others.size() / 2] < lag / 2) t.lagging_ns = now_ns;
+}
+
+bool Detector::laggedBeforeSilence(int rank) const {
+  const int64_t at = transit_[rank].lagging_ns;
+  const auto window = static_cast<int64_t>(3 * options_.heartbeat_timeout_s * 1e9);
+  return at >= 0 && last_seen_ns_[rank] - at <= window;
 }
 
 void Detector::onDisconnect(int rank, int64_t now_ns) {
@@ -669,10 +710,13 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
   const int64_t base_silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
   for (int r = 0; r < world_; ++r) {
     if (dead_[r] || finished_[r] || silent_reported_[r] || (last_seen_ns_[r] < 0 && !expected_only_[r])) continue;
-    // Telemetry from a host with a slow link arrives late, not never.
+    // Telemetry from a host with a slow link arrives late, not never; so does that of a rank
+    // whose heartbeats lagged in transit shortly before it went quiet.
+    const bool slow = onSlowHost(r);
+    const bool lagged = !slow && !expected_only_[r] && laggedBeforeSilence(r);
     const int64_t silence =
-        onSlowHost(r) ? static_cast<int64_t>(static_cast<double>(base_silence) * options_.slow_link_multiplier)
-                      : base_silence;
+        slow || lagged ? static_cast<int64_t>(static_cast<double>(base_silence) * options_.slow_link_multiplier)
+                       : base_silence;
     if (now_ns - last_seen_ns_[r] > silence) {
       silent_reported_[r] = true;
       out.push_back(make(VerdictKind::kSilentRank, {r},
@@ -680,7 +724,8 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
                              ? "no telemetry from rank " + std::to_string(r) +
                                    " since this coordinator took over the job"
                              : "no telemetry from rank " + std::to_string(r) + " for " +
-                                   fmtS(now_ns - last_seen_ns_[r]) + " (timeout " + fmtS(silence) + ")" +
+                                   fmtS(now_ns - last_seen_ns_[r]) + " (timeout " + fmtS(silence) +
+                                   (lagged ? ": its heartbeats were delayed in transit before it went quiet" : "") + ")" +
                                    whereIs(r)));
       if (!expected_only_[r]) out.back().onset_s = static_cast<double>(now_ns - last_seen_ns_[r]) / 1e9;
     }

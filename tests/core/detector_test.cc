@@ -391,5 +391,72 @@ TEST(DetectorTest, ASlowLinkDoesNotHideARankOnAHealthyHostThatNeverEntered) {
   EXPECT_NE(v[0].evidence.find("never entered"), std::string::npos) << v[0].evidence;
 }
 
+// Heartbeats every 200 ms from 4 hosts whose clocks are offset from the coordinator's by
+// different amounts (offset[r]); transit(r) is added to each heartbeat's flight. Returns the
+// time after the last round.
+int64_t beat(Detector& det, int64_t from, int rounds, const std::vector<int64_t>& transit,
+             const std::vector<bool>& sending = {true, true, true, true}) {
+  const std::vector<int64_t> offset = {0, 7 * kS, -3 * kS, 123 * kMs};
+  int64_t t = from;
+  for (int i = 0; i < rounds; ++i) {
+    t += 200 * kMs;
+    for (int r = 0; r < 4; ++r) {
+      if (sending[r]) det.onHeartbeat(r, t + transit[r], t + offset[r]);
+    }
+  }
+  return t;
+}
+
+// A 30% lossy link holds host-b's telemetry stream in TCP retransmission: its heartbeats come
+// in 300 ms late, then not at all for more than the 5 s silence timeout (CI saw host-b named
+// silent_rank 1.5 s before its agent could report the slow link). Late, not gone: the silence
+// timeout is 6 x 5 s for it. A rank whose heartbeats were on time goes silent at 5 s.
+TEST(DetectorTest, ARankWhoseHeartbeatsLaggedInTransitGetsTheSlowLinkSilenceTimeout) {
+  Detector det(fourRanks());
+  int64_t t = beat(det, 100 * kS, 20, {1 * kMs, 1 * kMs, 1 * kMs, 1 * kMs});
+  EXPECT_EQ(det.laggingAtNs(1), -1);
+  t = beat(det, t, 3, {1 * kMs, 300 * kMs, 1 * kMs, 1 * kMs});
+  EXPECT_GE(det.laggingAtNs(1), 0) << "three heartbeats 300 ms late while the others were on time";
+  EXPECT_EQ(det.laggingAtNs(0), -1);
+  const int64_t quiet_from = t;
+  // host-b silent from here on; host-d's rank 3 stops too, having been on time.
+  t = beat(det, t, 40, {1 * kMs, 0, 1 * kMs, 1 * kMs}, {true, false, true, false});
+  ASSERT_GT(t - quiet_from, 5 * kS);
+  auto v = det.evaluate(t);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-d"});
+  // ...and host-b's rank once 30 s have passed, saying why it waited that long.
+  t = beat(det, t, 130, {1 * kMs, 0, 1 * kMs, 0}, {true, false, true, false});
+  ASSERT_GT(t - quiet_from, 30 * kS);
+  v = det.evaluate(t);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].kind, VerdictKind::kSilentRank);
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-b"});
+  EXPECT_NE(v[0].evidence.find("delayed in transit"), std::string::npos) << v[0].evidence;
+}
+
+// When every host's heartbeats come in late, the delay is the coordinator's (its host short of
+// CPU): nobody is marked, and a rank that then goes quiet is named at the usual 5 s.
+TEST(DetectorTest, HeartbeatsLateFromEveryHostMarkNobody) {
+  Detector det(fourRanks());
+  int64_t t = beat(det, 100 * kS, 20, {1 * kMs, 1 * kMs, 1 * kMs, 1 * kMs});
+  t = beat(det, t, 5, {400 * kMs, 450 * kMs, 420 * kMs, 400 * kMs});
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(det.laggingAtNs(r), -1) << r;
+  // A lag that came and went more than 3 timeouts before the silence does not count either.
+  Detector old(fourRanks());
+  t = beat(old, 100 * kS, 20, {1 * kMs, 1 * kMs, 1 * kMs, 1 * kMs});
+  t = beat(old, t, 3, {1 * kMs, 300 * kMs, 1 * kMs, 1 * kMs});
+  ASSERT_GE(old.laggingAtNs(1), 0);
+  t = beat(old, t, 100, {1 * kMs, 1 * kMs, 1 * kMs, 1 * kMs});  // 20 s on time
+  const int64_t quiet_from = t;
+  t = beat(old, t, 27, {1 * kMs, 0, 1 * kMs, 1 * kMs}, {true, false, true, true});
+  auto v = old.evaluate(t);
+  ASSERT_GT(t - quiet_from, 5 * kS);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-b"});
+  EXPECT_EQ(v[0].evidence.find("delayed in transit"), std::string::npos) << v[0].evidence;
+}
+
 }  // namespace
 }  // namespace trainsup

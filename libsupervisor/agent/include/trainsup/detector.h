@@ -33,6 +33,17 @@
 //   straggler naming the slow host(s), and named hung only once open slow_link_multiplier x its
 //   budget; a rank on a slow host gets the same multiple of the silence timeout. A slow host is
 //   a straggler, not a dead one; a real hang is still named, later.
+// - late telemetry: heartbeats carry the rank's send time. Per rank the detector keeps the
+//   smallest (arrival - send) seen, which absorbs the hosts' clock offset; what a heartbeat
+//   takes above it is its transit delay. A rank whose last three heartbeats took
+//   transit_lag_s or more (median), while the ranks of other hosts heard in the last second
+//   took under half that, is lagging: its link is delaying its packets (a lossy link holds a
+//   stream in TCP retransmission, which backs off to seconds). A rank that lagged within three
+//   silence timeouts before it went silent gets slow_link_multiplier x the silence timeout,
+//   like a rank on a host that reported its slow link: on a 30% lossy link the stream can
+//   stall for 5 s before the agent's three slow round trips are measured. Delays on the
+//   coordinator's side (its host starved of CPU) delay every host alike and mark nobody; one
+//   host's ranks alone (nothing to compare with) are never marked.
 // - desync: at the same (group, seq), members entered different ops, or the same op with
 //   different sizes (allreduce, broadcast, reduce, allgather, reduce_scatter, barrier, send and
 //   recv must agree): reported once every member entered it or it has been open for the hang
@@ -84,6 +95,7 @@ struct DetectorOptions {
   int warmup_collectives = 20;        // per op kind, before learned budgets apply
   double warmup_budget_s = 120.0;     // budget during the warm-up
   double heartbeat_timeout_s = 5.0;   // telemetry silence that makes a rank "silent"
+  double transit_lag_s = 0.15;        // heartbeat transit delay that marks a rank's link as lagging
   int straggler_window = 50;          // completed collectives per window
   int straggler_windows = 3;          // consecutive windows a rank must be the latest in
   double straggler_share = 0.6;       // ...in at least this share of the window's collectives
@@ -172,6 +184,11 @@ class TRAINSUP_EXPORT Detector {
   };
   const Counters& counters() const { return counters_; }
   void onHeartbeat(int rank, int64_t now_ns);
+  // A heartbeat that says when the rank sent it (its own monotonic clock): as onHeartbeat,
+  // and its transit delay is measured (see "late telemetry" above).
+  void onHeartbeat(int rank, int64_t now_ns, int64_t sent_ns);
+  // When `rank` was last found lagging (coordinator clock), or -1.
+  int64_t laggingAtNs(int rank) const { return rank >= 0 && rank < world_ ? transit_[rank].lagging_ns : -1; }
   // Where the rank's training loop was at its last heartbeat (innermost section, step, time in
   // it); verdicts about the rank quote it.
   void onProgress(int rank, int64_t step, const std::string& section, int64_t in_section_ns, int64_t now_ns);
@@ -281,6 +298,15 @@ class TRAINSUP_EXPORT Detector {
     double step_s = -1;
   };
   std::vector<Progress> progress_;
+  struct Transit {
+    int64_t base_ns = 0;        // smallest (arrival - send) seen, creeping up by 10 ppm of time
+    int64_t base_at_ns = -1;    // when base_ns was last updated (-1: no timed heartbeat yet)
+    int64_t excess_ns[3] = {0, 0, 0};  // the last three transit delays above the base
+    int count = 0;              // timed heartbeats seen (the ring's fill)
+    int64_t lagging_ns = -1;    // when it was last found lagging
+  };
+  std::vector<Transit> transit_;
+  bool laggedBeforeSilence(int rank) const;  // lagging within 3 silence timeouts before it was last heard
   std::string whereIs(int rank) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
   std::vector<std::string> slow_hosts_;
