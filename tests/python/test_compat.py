@@ -414,6 +414,57 @@ def test_a_fast_restart_drops_the_lost_node_and_gives_its_place_to_the_spare(ren
     assert sorted([compat.unpack_rendezvous(i)[1] for i in infos] + [spare_result[0][1]]) == [0, 1, 2]
 
 
+def test_a_waiting_spare_is_rung_when_the_round_is_written_not_at_its_next_poll(rendezvous_nodes, monkeypatch):
+    """The spare waits in torch's protocol, which looks at the state once per poll interval
+    (here made 5 s, so that a look cannot pass for the bell): the writer's wake key ends its
+    wait, and it joins the round written for it at once."""
+    from trainsup.launch.fast_round import FastRestart
+    handlers = rendezvous_nodes(4, 2, 3, "fast-bell")
+    active, spare = handlers[:3], handlers[3]
+    _in_threads([lambda h=h: h.next_rendezvous() for h in active])
+    monkeypatch.setattr(compat, "_SYNC_POLL_S", [5.0])
+    bell = FastRestart(spare, "fast-bell")
+    monkeypatch.setattr(compat, "_SYNC_WAKER", [bell.wait_for_round])
+    spare_result = []
+    waiting = threading.Thread(target=lambda: spare_result.append((compat.unpack_rendezvous(spare.next_rendezvous()),
+                                                                   time.monotonic())), daemon=True)
+    waiting.start()
+    deadline = time.monotonic() + 30
+    while compat.node_desc(spare) not in compat.completed_round(active[0])[2] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the spare joins on its own thread: poll the state, bounded by the deadline
+    lost = max(active, key=compat.node_desc)
+    lost._stop_heartbeats()
+    survivors = [compat.node_desc(h) for h in active if h is not lost]
+    fast = [FastRestart(h, "fast-bell") for h in active if h is not lost]
+    infos = _in_threads([lambda f=f: f(survivors) for f in fast])
+    written = time.monotonic()
+    waiting.join(30)
+    assert [f.last for f in fast] == ["fast", "fast"] and spare_result
+    (_, spare_rank, spare_world), joined = spare_result[0]
+    assert spare_world == 3 and sorted([compat.unpack_rendezvous(i)[1] for i in infos] + [spare_rank]) == [0, 1, 2]
+    assert joined - written < 2.5, f"the spare joined {joined - written:.2f} s after the round was written"
+    # Rung once for that round: a later wait behind it (nothing to ring) sleeps instead.
+    assert bell.wait_for_round(0.01) is False
+
+
+def test_the_bell_waits_for_one_key_at_a_time_and_lets_the_old_wait_go():
+    import datetime
+    from torch.distributed import PrefixStore, TCPStore
+    from trainsup.launch.fast_round import _Bell
+    server = TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30))
+    other = PrefixStore("trainsup/", TCPStore("127.0.0.1", server.port, None, False, datetime.timedelta(seconds=30)))
+    bell = _Bell(lambda: TCPStore("127.0.0.1", server.port, None, False, datetime.timedelta(seconds=30)),
+                 lambda key: other.set(key, "1"))
+    assert bell.wait("a", 0.05) is False
+    first = bell._thread
+    assert bell.wait("b", 0.05) is False  # a new key: the wait on "a" was let go, its client reused
+    first.join(5)
+    assert not first.is_alive()
+    threading.Timer(0.2, lambda: other.set("b", "1")).start()
+    t0 = time.monotonic()
+    assert bell.wait("b", 10) is True and time.monotonic() - t0 < 5
+
+
 def test_a_fast_restart_falls_back_when_the_writer_never_comes(rendezvous_nodes):
     from trainsup.launch.fast_round import FastRestart
     handlers = rendezvous_nodes(3, 3, 3, "fast-none")

@@ -218,6 +218,7 @@ def use_agent_store(handler):
 
 
 _SYNC_POLL_S = [1.0]
+_SYNC_WAKER = [None]  # waker(timeout_s) -> bool, or None (see wake_rendezvous_polls)
 
 
 def shorten_rendezvous_polls(handler):
@@ -238,12 +239,41 @@ def shorten_rendezvous_polls(handler):
 
     def delay(seconds):
         if seconds == 1:
+            waker = _SYNC_WAKER[0]
+            if waker is not None and waker(_SYNC_POLL_S[0]):
+                return
             seconds = _SYNC_POLL_S[0]
         original(seconds)
 
     setattr(delay, "__trainsup_original__", original)
     dr._delay = delay
     return _SYNC_POLL_S[0]
+
+
+def wake_rendezvous_polls(waker):
+    """Between two looks at the rendezvous state (shorten_rendezvous_polls), calls
+    waker(timeout_s) instead of sleeping the interval: it waits for something worth a look
+    (at most timeout_s) and returns True, or returns False at once and the interval is slept.
+    None: sleep as before."""
+    _SYNC_WAKER[0] = waker
+
+
+def waiting_behind(handler):
+    """The number of the complete round this node waits behind (in its wait or redundancy
+    list), from the handler's last look at the state; None when it waits for anything else."""
+    holder = getattr(handler, "_state_holder", None)
+    st = getattr(holder, "state", None)
+    node = getattr(handler, "_this_node", None)
+    if st is None or not st.complete or st.closed or node in st.participants:
+        return None
+    if node in st.wait_list or node in getattr(st, "redundancy_list", ()):
+        return st.round
+    return None
+
+
+def expire_state_cache(handler):
+    """The handler's next look at the rendezvous state reads the backend, whatever its cache."""
+    handler._state_holder._last_sync_time = -1.0
 
 
 class _BackoffBackend:

@@ -14,8 +14,15 @@ Anything unusual hands the round back to torch's protocol: a node not in a compl
 few nodes for min_nodes, a survivor that does not announce itself within `writer_timeout_s`, a
 writer that does not answer within that plus `grace_s`, a state that moved under the writer.
 A node that falls back while the others took the fast path leaves and joins again in torch's
-protocol, which ends that round for a membership change: slower, never wrong."""
+protocol, which ends that round for a membership change: slower, never wrong.
+
+A spare waiting in torch's protocol (the wait list of a complete round) is rung when the round
+is written: the writer then sets a "wake" key, on which a thread of the spare's waits (on a
+store client of its own: a timed-out TCPStore wait logs two warnings, so it waits long, not a
+poll interval at a time). Between its looks at the state the spare waits for that bell, at
+most the poll interval (wait_for_round), and looks again as soon as it rings."""
 import datetime
+import threading
 import time
 
 from . import _compat as compat
@@ -26,6 +33,54 @@ __all__ = ["FastRestart"]
 
 def _key(desc):
     return "_".join(str(part) for part in desc)
+
+
+class _Bell:
+    """Waits for one store key at a time, in a thread of its own on a store client of its own,
+    so that a caller can wait for it in slices without a store call per slice. A new key
+    releases the wait on the old one by setting it through `release` (another client: the
+    waiting one is busy; wake keys are signals, nothing reads their values)."""
+    HOLD_S = 600.0  # one store wait at most this long; then another
+
+    def __init__(self, make_store, release):
+        self._make_store = make_store
+        self._release = release
+        self._base = None
+        self._store = None
+        self._key = None
+        self._rang = threading.Event()
+        self._thread = None
+
+    def wait(self, key, timeout_s):
+        """True once `key` is set (at most timeout_s of waiting)."""
+        if key != self._key or self._thread is None or (not self._thread.is_alive() and not self._rang.is_set()):
+            self._watch(key)
+        return self._rang.wait(timeout_s)
+
+    def _watch(self, key):
+        if self._thread is not None and self._thread.is_alive():
+            try:
+                self._release(self._key)  # ends the old wait; then its client is reused
+            except Exception:
+                self._store = None  # a client that failed is not reused
+            self._thread.join(5.0)
+            if self._thread.is_alive():
+                self._store = None
+        if self._store is None:
+            from torch.distributed import PrefixStore
+            self._base = self._make_store()  # kept: a store written in Python (etcd) must stay referenced
+            self._store = PrefixStore("trainsup/", self._base)
+        self._key, self._rang = key, threading.Event()
+        store, rang = self._store, self._rang
+
+        def run():
+            try:
+                store.wait([key], datetime.timedelta(seconds=self.HOLD_S))
+                rang.set()
+            except Exception:  # HOLD_S passed, or the store went: the next wait() starts again
+                pass
+        self._thread = threading.Thread(target=run, name="trainsup-round-bell", daemon=True)
+        self._thread.start()
 
 
 class FastRestart:
@@ -42,6 +97,8 @@ class FastRestart:
         self.writer_timeout_s = float(writer_timeout_s)
         self.grace_s = float(grace_s)
         self.last = None  # why the last call fell back, or "fast"; for events and tests
+        self._woken = set()  # wake keys wait_for_round returned early for
+        self._bell = _Bell(lambda: compat.trainsup_store(inner), lambda key: self.store.set(key, "1"))
         self.phases = {}  # seconds of the last call's phases: stop, read, wait (or write), adopt
 
     # How often a waiting node looks again at who is still expected (a host found lost while
@@ -89,10 +146,12 @@ class FastRestart:
                     # First value stands: a writer taken for lost that was only slow cannot
                     # overwrite the answer of the one that took its place.
                     first_set(self.store, done_key, self._write(rnd, back, waiting))
+                    self.store.set(f"{prefix}/wake", "1")  # the spares waiting behind rnd look now
                     t = self._phase("write", t)
                     break
                 if time.monotonic() - start > self.writer_timeout_s:
                     first_set(self.store, done_key, "fallback")
+                    self.store.set(f"{prefix}/wake", "1")
                     break
                 wait_for = missing
             else:
@@ -115,6 +174,24 @@ class FastRestart:
         self._phase("adopt", t)
         self.last = "fast" if result is not None else "the round written is not this node's"
         return result
+
+    def wait_for_round(self, timeout_s):
+        """For compat.wake_rendezvous_polls: a node in the wait list of complete round R waits
+        (at most timeout_s) for R's wake key, set when a restart round is written, then has its
+        state read afresh. True when it waited; False (sleep instead) when it waits behind no
+        complete round, or was woken for this key already (the round written was torch's
+        fallback, or not for it: the key stays set, and waiting on it would not wait)."""
+        rnd = compat.waiting_behind(self.inner)
+        if rnd is None:
+            return False
+        key = f"fastround/{self.run_id}/{rnd}/wake"
+        if key in self._woken:
+            return False
+        if not self._bell.wait(key, timeout_s):
+            return True
+        self._woken.add(key)
+        compat.expire_state_cache(self.inner)
+        return True
 
     def _write(self, rnd, back, waiting):
         """The writer's part: the next round, or "fallback" when torch's protocol must form it."""

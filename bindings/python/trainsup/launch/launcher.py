@@ -91,6 +91,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.watch = VerdictWatch(self)
         self.watch.start()
         poll_s = compat.shorten_rendezvous_polls(inner)
+        compat.wake_rendezvous_polls(self.fast_restart.wait_for_round)  # a spare hears of its round at once
         compat.damp_rendezvous_contention(inner)
         self.events.write("agent_start", run_id=inner.get_run_id(), max_nodes=compat.max_nodes(inner),
                           rendezvous_poll_s=poll_s)
