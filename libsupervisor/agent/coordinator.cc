@@ -54,7 +54,9 @@ struct Coordinator::Impl {
   std::once_flag stopped;
 
   void accept();
-  void tick();
+  void tick(int64_t evaluated_at);
+  void arm(std::chrono::nanoseconds wait);
+  void judgeNow();
   void count(uint64_t Counters::*field, uint64_t n = 1) {
     MutexLock lock(counters_mu);
     counters.*field += n;
@@ -102,6 +104,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       o.count(&Coordinator::Counters::garbage_bytes, after.bad_magic_bytes - before.bad_magic_bytes);
     }
     const int64_t now = nowNs();
+    const size_t ranks_before = ranks_.size();
     uint64_t conflicting = 0;
     // Another connection said hello for this rank more recently: this one does not speak for it.
     auto foreign = [&](int rank) {
@@ -166,12 +169,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
           o.deposed = true;
         } else {
           o.detector->onDisconnect(g.rank, now);
+          o.judgeNow();
         }
       }
       o.count(&Coordinator::Counters::records, m.collectives.size() + m.heartbeats.size() + m.stalls.size() +
                                                    m.hellos.size() + m.gones.size() + m.groups.size());
     }
     if (conflicting > 0) o.count(&Coordinator::Counters::conflicting_records, conflicting);
+    // A rank heard on this connection for the first time: its silence timeout may expire
+    // before the evaluation the timer waits for.
+    if (ranks_.size() != ranks_before) o.tick(now);
     {
       const auto& dc = o.detector->counters();
       MutexLock lock(o.counters_mu);
@@ -187,6 +194,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
       if (it != owner.end() && it->second != this) continue;  // it said hello elsewhere since: still there
       if (it != owner.end()) owner.erase(it);
       owner_->detector->onDisconnect(r, now);
+      owner_->judgeNow();
     }
   }
 
@@ -222,10 +230,23 @@ void Coordinator::Impl::accept() {
   });
 }
 
-void Coordinator::Impl::tick() {
+void Coordinator::Impl::tick(int64_t evaluated_at) {
+  // The next evaluation: after evaluate_interval_s, or sooner when a silence timeout or a
+  // collective's budget expires before that (judged when it expires, not up to a tick later).
+  auto wait = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(options.evaluate_interval_s));
+  const int64_t until = detector->nextDeadlineNs(evaluated_at) - nowNs();
+  if (until < wait.count()) wait = std::chrono::nanoseconds(std::max<int64_t>(0, until));
+  arm(wait);
+}
+
+// A rank's connection closed: judged now, not at the next tick (the rule that the first rank
+// to go is the culprit holds either way: departures are ordered by when they arrived here).
+void Coordinator::Impl::judgeNow() { arm(std::chrono::nanoseconds(0)); }
+
+void Coordinator::Impl::arm(std::chrono::nanoseconds wait) {
   Impl* self = this;
-  timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(options.evaluate_interval_s)));
+  // Re-arming cancels the wait under way (its handler sees operation_aborted and returns).
+  timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait));
   timer.async_wait([self](const boost::system::error_code& ec) {
     if (ec) return;
     const int64_t now = nowNs();
@@ -252,7 +273,7 @@ void Coordinator::Impl::tick() {
         self->broadcastAbort(v);
       }
     }
-    self->tick();
+    self->tick(now);
   });
 }
 
@@ -306,7 +327,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::start(std::vector<RankInfo> ra
   }
   impl->port = impl->acceptor.local_endpoint().port();
   impl->accept();
-  impl->tick();
+  impl->tick(nowNs());
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->io.run(); });
   auto c = std::unique_ptr<Coordinator>(new Coordinator(nullptr));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <tuple>
 
@@ -226,6 +227,39 @@ bool Detector::laggedBeforeSilence(int rank) const {
   const int64_t at = transit_[rank].lagging_ns;
   const auto window = static_cast<int64_t>(3 * options_.heartbeat_timeout_s * 1e9);
   return at >= 0 && last_seen_ns_[rank] - at <= window;
+}
+
+bool Detector::silenceWatched(int r) const {
+  return !(dead_[r] || finished_[r] || silent_reported_[r] || (last_seen_ns_[r] < 0 && !expected_only_[r]));
+}
+
+int64_t Detector::silenceNs(int r, bool* lagged) const {
+  const int64_t base = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
+  // Telemetry from a host with a slow link arrives late, not never; so does that of a rank
+  // whose heartbeats lagged in transit shortly before it went quiet.
+  const bool slow = onSlowHost(r);
+  const bool lag = !slow && !expected_only_[r] && laggedBeforeSilence(r);
+  if (lagged != nullptr) *lagged = lag;
+  return slow || lag ? static_cast<int64_t>(static_cast<double>(base) * options_.slow_link_multiplier) : base;
+}
+
+int64_t Detector::nextDeadlineNs(int64_t after_ns) const {
+  int64_t next = std::numeric_limits<int64_t>::max();
+  auto consider = [&](int64_t at) {
+    if (at > after_ns) next = std::min(next, at);  // one already past waits on more than its timeout
+  };
+  for (int r = 0; r < world_; ++r) {
+    if (silenceWatched(r)) consider(last_seen_ns_[r] + silenceNs(r, nullptr) + 1);  // evaluate: '>'
+  }
+  std::array<int64_t, kCollectiveOpCount> budget;
+  budget.fill(-1);
+  for (const auto& [key, p] : pending_) {
+    if (p.reported || p.entered_count == 0) continue;
+    auto& b = budget[static_cast<size_t>(p.op)];
+    if (b < 0) b = budgetNs(p.op);
+    consider(p.first_enter_ns + b + 1);
+  }
+  return next;
 }
 
 void Detector::onDisconnect(int rank, int64_t now_ns) {
@@ -707,16 +741,10 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     out.back().onset_s = static_cast<double>(now_ns - last_seen_ns_[r]) / 1e9;  // since it closed
   }
   // Silent ranks.
-  const int64_t base_silence = static_cast<int64_t>(options_.heartbeat_timeout_s * 1e9);
   for (int r = 0; r < world_; ++r) {
-    if (dead_[r] || finished_[r] || silent_reported_[r] || (last_seen_ns_[r] < 0 && !expected_only_[r])) continue;
-    // Telemetry from a host with a slow link arrives late, not never; so does that of a rank
-    // whose heartbeats lagged in transit shortly before it went quiet.
-    const bool slow = onSlowHost(r);
-    const bool lagged = !slow && !expected_only_[r] && laggedBeforeSilence(r);
-    const int64_t silence =
-        slow || lagged ? static_cast<int64_t>(static_cast<double>(base_silence) * options_.slow_link_multiplier)
-                       : base_silence;
+    if (!silenceWatched(r)) continue;
+    bool lagged = false;
+    const int64_t silence = silenceNs(r, &lagged);
     if (now_ns - last_seen_ns_[r] > silence) {
       silent_reported_[r] = true;
       out.push_back(make(VerdictKind::kSilentRank, {r},

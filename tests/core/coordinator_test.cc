@@ -73,6 +73,31 @@ TEST(CoordinatorTest, AClosedConnectionNamesTheRankAndHostAtOnce) {
   (*c)->stop();
 }
 
+// A silence is judged when its timeout expires, not at the next evaluation tick: here the tick
+// is 30 s and the timeout 1 s; the silent rank is named about a second after it was last heard.
+TEST(CoordinatorTest, ASilenceIsJudgedWhenItsTimeoutExpiresNotAtTheNextTick) {
+  Verdicts v;
+  DetectorOptions d;
+  d.heartbeat_timeout_s = 1;
+  CoordinatorOptions o;
+  o.evaluate_interval_s = 30;
+  auto c = Coordinator::start(ranks(2), jobToken(), o, d, v.callback());
+  ASSERT_TRUE(c.isOk()) << c.status().toString();
+  asio::io_context io;
+  tcp::socket a(io);
+  a.connect({asio::ip::make_address("127.0.0.1"), (*c)->port()});
+  auto t0 = std::chrono::steady_clock::now();
+  send(a, heartbeat(0), jobToken());
+  send(a, heartbeat(1), jobToken());
+  auto fut = v.first.get_future();
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "judged at the 30 s tick only";
+  Verdict got = fut.get();
+  EXPECT_EQ(got.kind, VerdictKind::kSilentRank) << got.evidence;
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  a.close();
+  (*c)->stop();
+}
+
 TEST(CoordinatorTest, UnauthenticatedFramesNeverReachTheDetector) {
   Verdicts v;
   auto c = Coordinator::start(ranks(2), jobToken(), {}, {}, v.callback());

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 namespace trainsup {
@@ -456,6 +457,36 @@ TEST(DetectorTest, HeartbeatsLateFromEveryHostMarkNobody) {
   ASSERT_EQ(v.size(), 1u);
   EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-b"});
   EXPECT_EQ(v[0].evidence.find("delayed in transit"), std::string::npos) << v[0].evidence;
+}
+
+// The next deadline a coordinator evaluates at: the earliest silence timeout or collective
+// budget still to come after the evaluation's time.
+TEST(DetectorTest, NextDeadlineIsTheEarliestSilenceOrBudgetStillToCome) {
+  DetectorOptions o;
+  o.op_budget_s[static_cast<size_t>(CollectiveOp::kAllreduce)] = 2;  // fixed budgets: 2 s
+  o.op_budget_s[static_cast<size_t>(CollectiveOp::kBroadcast)] = 60;
+  Detector det(fourRanks(), o);
+  EXPECT_EQ(det.nextDeadlineNs(0), std::numeric_limits<int64_t>::max()) << "nobody heard from: nothing to time";
+  const int64_t t0 = 100 * kS;
+  for (int r = 0; r < 4; ++r) det.onHeartbeat(r, t0 + r * kMs);
+  EXPECT_EQ(det.nextDeadlineNs(t0), t0 + 5 * kS + 1);  // rank 0's silence, strictly over 5 s
+  det.onEnter(0, 1, CollectiveOp::kAllreduce, 64, t0 + 1 * kS);  // its budget ends at t0 + 3 s
+  EXPECT_EQ(det.nextDeadlineNs(t0 + 1 * kS), t0 + 3 * kS + 1);
+  // Past it (the verdict may wait on the network grace): not a deadline; rank 1's silence is.
+  EXPECT_EQ(det.nextDeadlineNs(t0 + 4 * kS), t0 + 5 * kS + 1 * kMs + 1);
+  // A slow host's ranks get 6 x the silence; the others still come first.
+  det.setSlowHosts({"host-b"});
+  EXPECT_EQ(det.nextDeadlineNs(t0 + 4 * kS), t0 + 5 * kS + 2 * kMs + 1);
+  // Once the others are judged, host-b's longer timeout and rank 0's broadcast are left.
+  for (int r : {0, 2, 3}) det.onHeartbeat(r, t0 + 20 * kS);
+  det.onEnter(0, 2, CollectiveOp::kBroadcast, 64, t0 + 20 * kS);  // budget 60 s: t0 + 80 s
+  det.evaluate(t0 + 20 * kS);
+  EXPECT_EQ(det.nextDeadlineNs(t0 + 20 * kS), t0 + 25 * kS + 1) << "ranks 2 and 3 heard at t0 + 20 s";
+  for (int r : {0, 2, 3}) det.onHeartbeat(r, t0 + 200 * kS);
+  int silent = 0;
+  for (const auto& x : det.evaluate(t0 + 200 * kS)) silent += x.kind == VerdictKind::kSilentRank;
+  EXPECT_EQ(silent, 1) << "host-b's rank, after 30 s";
+  EXPECT_EQ(det.nextDeadlineNs(t0 + 200 * kS), t0 + 205 * kS + 1);
 }
 
 }  // namespace

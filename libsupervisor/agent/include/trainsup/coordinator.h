@@ -8,7 +8,9 @@
 // ranks its records name; when a connection closes, those ranks are reported to the detector
 // as disconnected (a crashed rank). Every evaluate_interval_s the detector is evaluated on the
 // coordinator's own monotonic clock and each new verdict goes to `on_verdict`, on the I/O
-// thread. After the first verdict that the job cannot outlive (any kind but straggler) every
+// thread; also at once when a rank's connection closes, and when a silence timeout or a
+// collective's budget expires between two ticks (Detector::nextDeadlineNs), so that a timeout
+// is judged when it runs out, not up to a tick later. After the first verdict that the job cannot outlive (any kind but straggler) every
 // connected rank is sent an abort frame naming the culprit (abort_on_verdict); a straggler is
 // reported and the job goes on. Ranks and node monitors say who they are in hello records, and
 // a rank's departure (a WireGone record, or its connection closing) is a dead rank unless it

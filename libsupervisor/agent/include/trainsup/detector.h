@@ -216,6 +216,12 @@ class TRAINSUP_EXPORT Detector {
   void setSlowHosts(std::vector<std::string> hosts);
 
   std::vector<Verdict> evaluate(int64_t now_ns);
+  // The earliest time after `after_ns` (an evaluation's time) at which evaluate() may find a
+  // rank silent or a collective over its budget, as things stand (INT64_MAX: none). Callers
+  // that evaluate on a tick evaluate then too, so that a timeout is judged when it expires, not
+  // up to a tick later. A budget already past (waiting out the network grace or a slow link's
+  // multiple) is not a deadline here: the tick meets those.
+  int64_t nextDeadlineNs(int64_t after_ns) const;
 
   // The budget of an op kind now, in ns, and whether it is learned.
   int64_t budgetNs(CollectiveOp op, bool* learned = nullptr) const;
@@ -306,6 +312,8 @@ class TRAINSUP_EXPORT Detector {
     int64_t lagging_ns = -1;    // when it was last found lagging
   };
   std::vector<Transit> transit_;
+  bool silenceWatched(int rank) const;  // a rank whose silence can still make it silent_rank
+  int64_t silenceNs(int rank, bool* lagged) const;  // its silence timeout now
   bool laggedBeforeSilence(int rank) const;  // lagging within 3 silence timeouts before it was last heard
   std::string whereIs(int rank) const;
   std::vector<bool> silent_reported_, dead_, dead_reported_, finished_;
