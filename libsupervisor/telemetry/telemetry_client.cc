@@ -1,9 +1,12 @@
 #include "telemetry/telemetry_client.h"
 
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <boost/asio.hpp>
-#include <condition_variable>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -25,7 +28,16 @@ struct TelemetryClient::Impl {
   CollectiveTracker* tracker = nullptr;
 
   mutable Mutex mu;
-  CondVar cv;
+  // Wakes the sender thread (a stall report, a stop notice, stop()): an eventfd, polled with
+  // the connection's socket, so that an abort order is read as it arrives.
+  int wake_fd = -1;
+  void wake() const {
+    const uint64_t one = 1;
+    if (wake_fd >= 0) (void)!::write(wake_fd, &one, sizeof(one));
+  }
+  ~Impl() {
+    if (wake_fd >= 0) ::close(wake_fd);
+  }
   bool stopping TRAINSUP_GUARDED_BY(mu) = false;
   // What to say when stopping; kGoneClosed = nothing (dropConnection).
   int32_t goodbye_reason TRAINSUP_GUARDED_BY(mu) = kGoneFinished;
@@ -45,7 +57,7 @@ struct TelemetryClient::Impl {
   std::unique_ptr<FrameDecoder> inbound;  // frames from the coordinator
   size_t groups_sent = 0;             // tracker->groups() announced on this connection
   bool sendGroups();
-  void receive();
+  bool receive();
 
   void loop();
   void pump();
@@ -179,21 +191,24 @@ bool TelemetryClient::Impl::sendPending() {
   return true;
 }
 
-// Orders from the coordinator, without blocking: only what has already arrived.
-void TelemetryClient::Impl::receive() {
-  if (!socket) return;
+// Orders from the coordinator, without blocking: only what has already arrived. False when
+// nothing could be read (the peer closed the connection, or an error): the caller stops
+// waiting on the socket until the next interval, whose send finds out.
+bool TelemetryClient::Impl::receive() {
+  if (!socket) return false;
   boost::system::error_code ec;
   size_t n = socket->available(ec);
-  if (ec || n == 0) return;
+  if (ec || n == 0) return false;
   std::vector<uint8_t> buf(std::min<size_t>(n, 1 << 16));
   size_t got = socket->read_some(asio::buffer(buf), ec);
-  if (ec) return;
+  if (ec) return false;
   if (!inbound) inbound = std::make_unique<FrameDecoder>(options.token);
   for (const auto& m : inbound->feed(buf.data(), got)) {
     for (const auto& a : m.aborts) {
       if (options.on_abort) options.on_abort(a);
     }
   }
+  return true;
 }
 
 void TelemetryClient::Impl::loop() {
@@ -205,25 +220,40 @@ void TelemetryClient::Impl::loop() {
     bool announce = false;
     int32_t reason = kGoneFinished;
     {
-      // Until the next interval, a stall report or stop; abort orders are read every 20 ms
-      // meanwhile, so that every rank acts on one within moments of the others.
+      // Until the next interval, a stall report or stop; abort orders are read as they arrive
+      // meanwhile (the socket is polled with the wake eventfd), so that every rank acts on one
+      // within moments of the others.
       const auto deadline = std::chrono::steady_clock::now() + interval;
-      MutexLock lock(mu);
+      bool socket_quiet = false;  // readable with nothing to read: closed; not polled till the next interval
       for (;;) {
-        auto until = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
-        // A stop notice wakes the loop only when there is a connection to say it on; without
-        // one, the next interval's reconnect says it (no busy loop while the coordinator is gone).
-        if (cv.waitUntil(mu, until, [&] {
-              mu.assertHeld();
-              return stopping || !stalls.empty() || (stop_requested && !stop_announced && socket != nullptr);
-            })) {
-          break;
+        {
+          MutexLock lock(mu);
+          // A stop notice ends the wait only when there is a connection to say it on; without
+          // one, the next interval's reconnect says it (no busy loop while the coordinator is gone).
+          if (stopping || !stalls.empty() || (stop_requested && !stop_announced && socket != nullptr)) break;
         }
-        if (std::chrono::steady_clock::now() >= deadline) break;
-        lock.unlock();
-        receive();
-        lock.lock();
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= deadline) break;
+        const auto left_ms = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+        pollfd fds[2] = {{wake_fd, POLLIN, 0}, {-1, POLLIN, 0}};
+        nfds_t count = 1;
+        if (socket && !socket_quiet) {
+          fds[1].fd = socket->native_handle();
+          count = 2;
+        }
+        const int ready = ::poll(fds, count, static_cast<int>(left_ms));
+        if (ready < 0 && errno != EINTR) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));  // cannot poll: the old pace
+          receive();
+          continue;
+        }
+        if (fds[0].revents & POLLIN) {
+          uint64_t drained;
+          (void)!::read(wake_fd, &drained, sizeof(drained));
+        }
+        if (count == 2 && fds[1].revents != 0 && !receive()) socket_quiet = true;
       }
+      MutexLock lock(mu);
       last = stopping;
       reason = goodbye_reason;
       announce = stop_requested;
@@ -288,6 +318,8 @@ Result<std::unique_ptr<TelemetryClient>> TelemetryClient::start(TelemetryClientO
     return Status::invalidArgument("telemetry node monitor socket '" + options.unix_path + "' is too long");
   }
   auto impl = std::make_unique<Impl>();
+  impl->wake_fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (impl->wake_fd < 0) return Status::unavailable(std::string("telemetry client: eventfd: ") + std::strerror(errno));
   impl->options = std::move(options);
   impl->tracker = &tracker;
   impl->next_seq = tracker.stats().last_seq + 1;  // what happened before we started is not news
@@ -309,7 +341,7 @@ void TelemetryClient::reportStall(const std::string& section, int64_t step) {
     MutexLock lock(impl_->mu);
     impl_->stalls.push_back(s);
   }
-  impl_->cv.notifyAll();
+  impl_->wake();
 }
 
 void TelemetryClient::reportStopping() {
@@ -317,7 +349,7 @@ void TelemetryClient::reportStopping() {
     MutexLock lock(impl_->mu);
     impl_->stop_requested = true;
   }
-  impl_->cv.notifyAll();
+  impl_->wake();
 }
 
 void TelemetryClient::stopFailed() {
@@ -343,7 +375,7 @@ void TelemetryClient::stop() {
     if (impl_->stopping) return;
     impl_->stopping = true;
   }
-  impl_->cv.notifyAll();
+  impl_->wake();
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 

@@ -5,8 +5,8 @@
 // queued stall reports, in token-authenticated frames over TCP. It never blocks the training
 // loop: records wait in a bounded queue (`queue_capacity`; when the coordinator is slow or gone
 // the oldest are dropped and counted) and the connection is re-established every `interval_s`
-// until stop(). Abort orders from the coordinator are read each interval and handed to
-// on_abort. Each (re)connection starts with a hello (rank, local rank, host, GPU). stop() sends
+// until stop(). Abort orders from the coordinator are read as they arrive (the thread polls
+// the connection between sends) and handed to on_abort. Each (re)connection starts with a hello (rank, local rank, host, GPU). stop() sends
 // what is pending and a goodbye (a normal end, so that no verdict follows), is idempotent and
 // joins the thread; the destructor calls it. The coordinator is `host:port` over TCP or, with
 // `unix_path`, the node monitor of this host (trainsup/node_monitor.h).

@@ -4,10 +4,13 @@
 #include "telemetry/telemetry_client.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <boost/asio.hpp>
 #include <future>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "trainsup/coordinator.h"
 #include "verdict_sink.h"
@@ -208,6 +211,42 @@ TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
   }
   for (int r = 0; r < 2; ++r) clients[r]->stop();
   coord->stop();
+}
+
+double processCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// Between sends the client waits on its connection for abort orders. A peer that closed the
+// connection leaves the socket readable for ever: the client must stop waiting on it until its
+// next send (which finds out), not spin on it. Over a second with the peer gone, the process
+// uses a small fraction of the CPU a spinning thread would (a whole second of it).
+TEST(TelemetryClientTest, APeerThatClosedTheConnectionDoesNotMakeTheClientSpin) {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  CollectiveTracker t;
+  TelemetryClientOptions o;
+  o.port = acceptor.local_endpoint().port();
+  o.token = jobToken();
+  o.interval_s = 2;  // no send, and so no reconnect, during the measurement (the first comes after 2 s)
+  auto c = TelemetryClient::start(o, t);
+  ASSERT_TRUE(c.isOk());
+  {
+    asio::ip::tcp::socket peer(io);
+    acceptor.accept(peer);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((*c)->counters().frames_sent == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    ASSERT_GT((*c)->counters().frames_sent, 0u);
+  }  // closed
+  const double cpu0 = processCpuSeconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // measuring idle CPU over a second, not synchronising
+  const double used = processCpuSeconds() - cpu0;
+  EXPECT_LT(used, 0.3) << "the client thread spun on the closed connection";
+  (*c)->stop();
 }
 
 TEST(TelemetryClientTest, WithoutACoordinatorRecordsAreBoundedAndCounted) {
