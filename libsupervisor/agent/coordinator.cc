@@ -28,6 +28,7 @@ struct Coordinator::Impl {
   asio::io_context io;
   tcp::acceptor acceptor{io};
   asio::steady_timer timer{io};
+  bool armed = false;  // an evaluation is due at timer.expiry() (I/O thread only)
   asio::steady_timer accept_retry{io};
   std::thread thread;
   uint16_t port = 0;
@@ -245,10 +246,14 @@ void Coordinator::Impl::judgeNow() { arm(std::chrono::nanoseconds(0)); }
 
 void Coordinator::Impl::arm(std::chrono::nanoseconds wait) {
   Impl* self = this;
+  const auto at = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait);
+  if (armed && timer.expiry() <= at) return;  // the evaluation already due comes first
+  armed = true;
   // Re-arming cancels the wait under way (its handler sees operation_aborted and returns).
-  timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(wait));
+  timer.expires_at(at);
   timer.async_wait([self](const boost::system::error_code& ec) {
     if (ec) return;
+    self->armed = false;
     const int64_t now = nowNs();
     if (now - self->snapshot_at_ns >= static_cast<int64_t>(self->options.snapshot_interval_s * 1e9)) {
       DetectorSnapshot snap = self->detector->snapshot(now);

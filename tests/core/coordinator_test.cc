@@ -50,7 +50,9 @@ TEST(CoordinatorTest, AClosedConnectionNamesTheRankAndHostAtOnce) {
   Verdicts v;
   DetectorOptions d;
   d.heartbeat_timeout_s = 30;
-  auto c = Coordinator::start(ranks(2), jobToken(), {}, d, v.callback());
+  CoordinatorOptions o;
+  o.evaluate_interval_s = 30;  // judged as it closes, not at a tick
+  auto c = Coordinator::start(ranks(2), jobToken(), o, d, v.callback());
   ASSERT_TRUE(c.isOk()) << c.status().toString();
   asio::io_context io;
   tcp::socket a(io), b(io);
