@@ -39,3 +39,19 @@ def test_the_client_ends_as_its_worker_did(zygote_socket, tmp_path, body, want):
                        timeout=60)
     assert p.returncode == want, (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_worker_collects_its_own_objects_and_leaves_the_zygotes_frozen(zygote_socket, tmp_path):
+    """Python's recipe for fork without exec (gc.freeze): the zygote's imports are frozen, so a
+    worker's full collection does not walk them (nor write to their pages), and the worker's
+    collector is on."""
+    script = tmp_path / "w.py"
+    script.write_text("import gc, sys\n"
+                      "assert gc.isenabled(), 'collection is off in the worker'\n"
+                      "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n"
+                      "class Cycle: pass\n"
+                      "c = Cycle(); c.me = c; del c\n"
+                      "sys.exit(0 if gc.collect() >= 1 else 7)\n")
+    p = subprocess.run([sys.executable, CLIENT, zygote_socket, str(script)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
