@@ -224,7 +224,7 @@ def run(scenario, workdir, steps, fault_s, loss_pct=30, delay_ms=200, both_ways=
         c.start_a_then_b(100, 240)
         if spare:
             c.start("host-c")
-            time.sleep(3)  # the spare is waiting for a round
+            c.wait_spare("host-c")
         c.wait_until(lambda: c.training_at("host-a", 200), 180, "training to step 200")
         time.sleep(0.4)
         victim = "host-a" if scenario == "store_cut" else "host-b"

@@ -144,6 +144,12 @@ class Cluster:
                     raise RuntimeError(f"agent {host} exited with {p.returncode} while waiting for {what}")
             time.sleep(0.1)  # polls files written by other processes; bounded by the deadline
 
+    def wait_spare(self, host, timeout=120):
+        """Waits until host's agent is in the rendezvous's wait list behind the running round (its
+        event rendezvous_waiting, written once the stored state lists it): a spare."""
+        self.wait_until(lambda: any(e["event"] == "rendezvous_waiting" for e in self.agent_events(host)), timeout,
+                        f"{host} waiting as a spare")
+
     def training_at(self, host, step):
         return any(e["event"] in ("checkpoint_committed", "snapshot_committed") and e.get("step", -1) >= step for e in self.rank_events(host))
 
@@ -216,7 +222,7 @@ def fault_scenario(workdir, steps, spare, sharded=False, snapshot_every=0):
                      "training on host-a and host-b")
         if spare:
             c.start("host-c")
-            time.sleep(3)  # the spare is waiting (checked below: it never trained before the fault)
+            c.wait_spare("host-c")
         # Let the job pass one more checkpoint, then stop host-b's worker mid-interval.
         c.wait_until(lambda: c.training_at("host-a", 200), 120, "training to step 200")
         time.sleep(0.4)

@@ -424,6 +424,8 @@ def test_a_waiting_spare_is_rung_when_the_round_is_written_not_at_its_next_poll(
     _in_threads([lambda h=h: h.next_rendezvous() for h in active])
     monkeypatch.setattr(compat, "_SYNC_POLL_S", [5.0])
     bell = FastRestart(spare, "fast-bell")
+    told = []  # the agent's rendezvous_waiting event: once, naming the round the spare waits behind
+    bell.on_waiting = told.append
     monkeypatch.setattr(compat, "_SYNC_WAKER", [bell.wait_for_round])
     spare_result = []
     waiting = threading.Thread(target=lambda: spare_result.append((compat.unpack_rendezvous(spare.next_rendezvous()),
@@ -432,6 +434,7 @@ def test_a_waiting_spare_is_rung_when_the_round_is_written_not_at_its_next_poll(
     deadline = time.monotonic() + 30
     while compat.node_desc(spare) not in compat.completed_round(active[0])[2] and time.monotonic() < deadline:
         time.sleep(0.05)  # the spare joins on its own thread: poll the state, bounded by the deadline
+    first_round = compat.completed_round(active[0])[0]
     lost = max(active, key=compat.node_desc)
     lost._stop_heartbeats()
     survivors = [compat.node_desc(h) for h in active if h is not lost]
@@ -445,6 +448,7 @@ def test_a_waiting_spare_is_rung_when_the_round_is_written_not_at_its_next_poll(
     assert joined - written < 2.5, f"the spare joined {joined - written:.2f} s after the round was written"
     # Rung once for that round: a later wait behind it (nothing to ring) sleeps instead.
     assert bell.wait_for_round(0.01) is False
+    assert told == [first_round], told
 
 
 def test_the_bell_waits_for_one_key_at_a_time_and_lets_the_old_wait_go():

@@ -98,6 +98,8 @@ class FastRestart:
         self.grace_s = float(grace_s)
         self.last = None  # why the last call fell back, or "fast"; for events and tests
         self._woken = set()  # wake keys wait_for_round returned early for
+        self._behind = set()  # complete rounds this node was seen waiting behind (on_waiting told)
+        self.on_waiting = None  # called once per such round with its number: this node is a spare
         self._bell = _Bell(lambda: compat.trainsup_store(inner), lambda key: self.store.set(key, "1"))
         self.phases = {}  # seconds of the last call's phases: stop, read, wait (or write), adopt
 
@@ -180,10 +182,15 @@ class FastRestart:
         (at most timeout_s) for R's wake key, set when a restart round is written, then has its
         state read afresh. True when it waited; False (sleep instead) when it waits behind no
         complete round, or was woken for this key already (the round written was torch's
-        fallback, or not for it: the key stays set, and waiting on it would not wait)."""
+        fallback, or not for it: the key stays set, and waiting on it would not wait). The first
+        time it finds this node behind round R it calls on_waiting(R)."""
         rnd = compat.waiting_behind(self.inner)
         if rnd is None:
             return False
+        if rnd not in self._behind:
+            self._behind.add(rnd)
+            if self.on_waiting is not None:
+                self.on_waiting(rnd)
         key = f"fastround/{self.run_id}/{rnd}/wake"
         if key in self._woken:
             return False

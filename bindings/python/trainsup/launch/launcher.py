@@ -86,6 +86,8 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self._round_started = time.monotonic()
         self.waiting = NodesWaiting(inner, self.store, inner.get_run_id())
         self.fast_restart = FastRestart(inner, inner.get_run_id())
+        # In the wait (or redundancy) list behind a complete round, as the stored state says: a spare.
+        self.fast_restart.on_waiting = lambda rnd: self.events.write("rendezvous_waiting", behind_round=rnd)
         self._incompatible = None  # (world size the checkpoints need, the failure line) after such a failure
         self._last_desync = None  # (group, op, other_op, ranks) of the last round's desync verdict
         self.watch = VerdictWatch(self)
