@@ -44,6 +44,9 @@ struct Coordinator::Impl {
   // which takes its entries out, before it can be destroyed.)
   std::map<int, const class Connection*> owner;
   bool aborted = false;
+  // The abort order once given: a rank that connects after it (still starting when the verdict
+  // came) is told too, rather than entering collectives that nobody will answer.
+  std::shared_ptr<std::string> abort_frame;
   bool deposed = false;  // I/O thread: a node monitor said it moved to another coordinator
   void broadcastAbort(const Verdict& v);
 
@@ -227,6 +230,7 @@ void Coordinator::Impl::accept() {
     list.erase(std::remove_if(list.begin(), list.end(), [](const auto& w) { return w.expired(); }), list.end());
     self->connections.push_back(conn);
     conn->read();
+    if (self->abort_frame) conn->send(self->abort_frame);
     self->accept();
   });
 }
@@ -293,9 +297,9 @@ void Coordinator::Impl::broadcastAbort(const Verdict& v) {
   std::strncpy(a.kind, verdictKindName(v.kind), sizeof(a.kind) - 1);
   if (!v.hosts.empty()) std::strncpy(a.host, v.hosts.front().c_str(), sizeof(a.host) - 1);
   m.aborts.push_back(a);
-  auto frame = std::make_shared<std::string>(encodeFrame(m, token));
+  abort_frame = std::make_shared<std::string>(encodeFrame(m, token));
   for (auto& weak : connections) {
-    if (auto c = weak.lock()) c->send(frame);
+    if (auto c = weak.lock()) c->send(abort_frame);
   }
 }
 

@@ -199,7 +199,9 @@ TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
     clients.push_back(TelemetryClient::start(o, trackers[r]).value());
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (clients[2]->counters().frames_sent == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  for (int r = 0; r < 3; ++r) {  // all connected: the order reaches the connections there are
+    while (clients[r]->counters().frames_sent == 0 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  }
   clients[2]->dropConnection();  // rank 2 dies
   for (int r = 0; r < 2; ++r) {
     auto fut = orders[r].get_future();
@@ -210,6 +212,49 @@ TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
     EXPECT_STREQ(a.kind, "dead_rank");
   }
   for (int r = 0; r < 2; ++r) clients[r]->stop();
+  coord->stop();
+}
+
+// A rank still starting when the verdict came (its first connection comes after the order)
+// is told too: the round is over, and nobody would answer its collectives.
+TEST(TelemetryClientTest, ARankThatConnectsAfterTheAbortOrderIsToldToo) {
+  Sink sink;
+  auto coord = coordinator(sink, 3);
+  std::vector<CollectiveTracker> trackers(3);
+  std::vector<std::promise<WireAbort>> orders(2);
+  auto options = [&](int r) {
+    TelemetryClientOptions o;
+    o.port = coord->port();
+    o.token = jobToken();
+    o.rank = r;
+    o.interval_s = 0.02;
+    if (r < 2) {
+      auto* p = &orders[r];
+      auto once = std::make_shared<std::once_flag>();
+      o.on_abort = [p, once](const WireAbort& a) { std::call_once(*once, [&] { p->set_value(a); }); };
+    }
+    return o;
+  };
+  auto c0 = TelemetryClient::start(options(0), trackers[0]).value();
+  auto c2 = TelemetryClient::start(options(2), trackers[2]).value();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while ((c0->counters().frames_sent == 0 || c2->counters().frames_sent == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  c2->dropConnection();  // rank 2 dies before rank 1 ever connected
+  auto first = orders[0].get_future();
+  ASSERT_EQ(first.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(first.get().culprit_rank, 2);
+  auto c1 = TelemetryClient::start(options(1), trackers[1]).value();
+  auto late = orders[1].get_future();
+  ASSERT_EQ(late.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  WireAbort a = late.get();
+  EXPECT_EQ(a.culprit_rank, 2);
+  EXPECT_STREQ(a.host, "node-2");
+  EXPECT_EQ(coord->counters().verdicts, 1u);
+  c0->stop();
+  c1->stop();
   coord->stop();
 }
 

@@ -11,7 +11,8 @@
 // thread; also at once when a rank's connection closes, and when a silence timeout or a
 // collective's budget expires between two ticks (Detector::nextDeadlineNs), so that a timeout
 // is judged when it runs out, not up to a tick later. After the first verdict that the job cannot outlive (any kind but straggler) every
-// connected rank is sent an abort frame naming the culprit (abort_on_verdict); a straggler is
+// connected rank is sent an abort frame naming the culprit (abort_on_verdict), and so is every
+// connection accepted after it (a rank still starting when the verdict came); a straggler is
 // reported and the job goes on. Ranks and node monitors say who they are in hello records, and
 // a rank's departure (a WireGone record, or its connection closing) is a dead rank unless it
 // said goodbye. The connection that last said hello for a rank is the only one that speaks for
