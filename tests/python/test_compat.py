@@ -467,6 +467,12 @@ def test_the_bell_waits_for_one_key_at_a_time_and_lets_the_old_wait_go():
     threading.Timer(0.2, lambda: other.set("b", "1")).start()
     t0 = time.monotonic()
     assert bell.wait("b", 10) is True and time.monotonic() - t0 < 5
+    # At the agent's end, a wait under way is let go and its thread ends before the interpreter
+    # finalizes (a thread still in the store's C++ wait then terminates the process: exit -6).
+    assert bell.wait("c", 0.05) is False
+    waiting = bell._thread
+    bell.close()
+    assert not waiting.is_alive()
 
 
 def test_a_fast_restart_falls_back_when_the_writer_never_comes(rendezvous_nodes):

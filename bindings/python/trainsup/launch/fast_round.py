@@ -57,6 +57,20 @@ class _Bell:
             self._watch(key)
         return self._rang.wait(timeout_s)
 
+    def close(self, timeout_s=2.0):
+        """Ends the wait under way and waits for its thread (at the agent's end). A thread still
+        blocked in the store's C++ wait when the interpreter finalizes is ended by pthread_exit,
+        whose forced unwind through torch's frames std::terminate()s the process: an agent that
+        ran its job to the end exited -6 when the store's host closed the store under the wait."""
+        t = self._thread
+        if t is None or not t.is_alive():
+            return
+        try:
+            self._release(self._key)
+        except Exception:
+            pass  # the store is gone: the wait ends by itself on the closed connection
+        t.join(timeout_s)
+
     def _watch(self, key):
         if self._thread is not None and self._thread.is_alive():
             try:
@@ -176,6 +190,10 @@ class FastRestart:
         self._phase("adopt", t)
         self.last = "fast" if result is not None else "the round written is not this node's"
         return result
+
+    def close(self):
+        """Ends this agent's waits in the store; before the agent exits."""
+        self._bell.close()
 
     def wait_for_round(self, timeout_s):
         """For compat.wake_rendezvous_polls: a node in the wait list of complete round R waits

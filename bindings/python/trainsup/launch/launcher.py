@@ -183,6 +183,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
             self.services.close()
             self.services = None
         self.snapshots.close()
+        self.fast_restart.close()
         self.events.write("agent_stop")
         return self.inner.shutdown()
 
@@ -195,6 +196,7 @@ class TrainsupRendezvousHandler(RendezvousHandler):
         self.liveness.left()
         self.events.write("agent_signalled", signal=int(sig))
         self._leave_rendezvous()
+        self.fast_restart.close()
 
     def num_nodes_waiting(self):
         # torchrun asks only while its workers are healthy, and restarts the round at once when
