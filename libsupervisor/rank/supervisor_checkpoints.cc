@@ -108,8 +108,17 @@ Result<Checkpointer::Outcome> Supervisor::saveCheckpoint(int64_t step, const Che
   if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
   // The save runs first on every rank, whatever an earlier persist left behind: skipping it on
   // one rank would put that rank's decisions out of step with the others'.
+  Status earlier;
+  Result<Checkpointer::Outcome> r = save(step, collect, now, &earlier);
+  if (!earlier.isOk()) return earlier;
+  return r;
+}
+
+Result<Checkpointer::Outcome> Supervisor::save(int64_t step, const Checkpointer::Collect& collect, bool now,
+                                               Status* earlier) {
+  if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
   Result<Checkpointer::Outcome> r = saveCheckpointNow(step, collect, now);
-  if (Status s = impl_->checkpointer->takeError(); !s.isOk()) return s;
+  if (earlier) *earlier = impl_->checkpointer->takeError();
   return r;
 }
 

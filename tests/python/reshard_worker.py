@@ -7,11 +7,14 @@ size or mesh shape, and compared bitwise with the full tensors saved. Prints one
   reshard_worker.py plain   DIR --tp T             plain dcp.load of the newest step directory
   reshard_worker.py adopt   DIR --tp T             restore(adopt_dcp=DIR/plain-dcp) (see 'dcpsave')
   reshard_worker.py dcpsave DIR --tp T --steps N   plain dcp.save (no trainsup) + DIR/ref.pt
+  reshard_worker.py stagefail DIR --tp T           rank 1 cannot stage step 1's save; then step 2
 """
 import argparse
+import errno
 import json
 import os
 import sys
+import time
 import warnings
 
 import torch
@@ -26,7 +29,7 @@ import trainsup  # noqa: E402
 
 warnings.filterwarnings("ignore")
 p = argparse.ArgumentParser()
-p.add_argument("mode", choices=["save", "restore", "plain", "adopt", "dcpsave"])
+p.add_argument("mode", choices=["save", "restore", "plain", "adopt", "dcpsave", "stagefail"])
 p.add_argument("dir")
 p.add_argument("--tp", type=int, default=2)
 p.add_argument("--steps", type=int, default=3)
@@ -77,9 +80,36 @@ def compare(ref_path):
 
 result = {"rank": rank, "world": world, "mesh": list(mesh.shape)}
 ckpt = os.path.join(a.dir, "ckpt")
+# stagefail: a save waits for the previous one's end (busy policy wait), which must come long
+# before the commit timeout.
+extra = {"checkpoint_busy_policy": "wait", "checkpoint_commit_timeout_s": 120} if a.mode == "stagefail" else {}
 with trainsup.Supervisor(checkpoint_dir=ckpt, checkpoint_interval_s=0, log_dir=os.path.join(a.dir, "logs"),
-                         job_id=f"reshard-{a.mode}-{world}") as sup:
-    if a.mode == "save":
+                         job_id=f"reshard-{a.mode}-{world}", **extra) as sup:
+    if a.mode == "stagefail":
+        import trainsup.dcp
+        real_stage = trainsup.dcp.DcpCheckpoints.stage
+
+        def stage(self, step, state_dict):
+            if rank == 1 and step == 1:
+                raise OSError(errno.ENOMEM, "injected: no memory for the staging copy")
+            return real_stage(self, step, state_dict)
+
+        trainsup.dcp.DcpCheckpoints.stage = stage
+        train(1)
+        state["next_step"] = 1
+        t0 = time.monotonic()
+        try:
+            result["outcome1"] = sup.checkpoint(1, state)
+        except Exception as e:  # this rank's own save failed: training goes on
+            result["outcome1"] = f"{type(e).__name__}: {e}"
+        train(1)
+        state["next_step"] = 2
+        result["outcome2"] = sup.checkpoint(2, state)  # after step 1's save has ended on this rank
+        result["waited_s"] = round(time.monotonic() - t0, 3)
+        ref = full()
+        if rank == 0:
+            torch.save(ref, os.path.join(a.dir, "ref.pt"))
+    elif a.mode == "save":
         train(a.steps)
         state["next_step"] = a.steps
         result["outcome"] = sup.checkpoint(a.steps, state)

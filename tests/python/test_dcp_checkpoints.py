@@ -199,3 +199,24 @@ def test_a_dcp_save_killed_at_each_persist_point_restores_the_old_or_the_new_che
         outcomes.append((k, rc, expected))
     print(f"[measure] dcp save killed before each of {kills} {syscall} calls: restored {outcomes}")
     assert kills >= 2 and outcomes[-1][1] == 0, outcomes
+
+
+def test_a_rank_that_cannot_stage_fails_that_save_on_every_rank_at_once(tmp_path):
+    """Rank 1's staging of step 1 fails (no memory): DCP's save is collective, so the ranks that
+    did stage must not wait in it for rank 1 until the commit timeout (120 s here) with every
+    later save held up. Step 1 fails on every rank, naming rank 1's error; step 2 commits and
+    is what a restore finds."""
+    results = _run(4, "stagefail", tmp_path, "--tp", 2, timeout=400)
+    print(f"[measure] step 1 failed and step 2 saved in {max(r['waited_s'] for r in results):.2f} s")
+    assert results[1]["outcome1"].startswith("InvalidArgumentError: collecting the state: OSError") and "injected: no memory" in results[1]["outcome1"], results
+    assert all(r["outcome2"] == "started" for r in results), results
+    assert max(r["waited_s"] for r in results) < 30, results  # the commit timeout is 120 s
+    failed = _events(tmp_path, "checkpoint_failed")
+    assert sorted({e["rank"] for e in failed if e["step"] == 1}) == [0, 1, 2, 3], failed
+    rank0 = [e for e in failed if e["rank"] == 0][0]
+    assert "rank 1" in rank0["reason"] and "injected: no memory" in rank0["reason"], rank0
+    assert sorted(p.name for p in (tmp_path / "ckpt").glob("step-*")) == ["step-00000000000000000002"]
+    results = _run(4, "restore", tmp_path, "--tp", 2, "--seed", 1)
+    assert all(r["step"] == 2 and r["next_step"] == 2 for r in results), results
+    cmp = results[0]["compare"]
+    assert cmp["tensors"] > 0 and cmp["differ"] == [] and cmp["missing"] == [], cmp

@@ -286,7 +286,10 @@ std::pair<std::string, std::string> save(Supervisor& sup, int64_t step, const py
       (*ckpt)->awaitSnapshot();  // an outstanding copy may still fail that persist
       earlier = (*ckpt)->takeError();
     }
-    r = now ? sup.checkpoint(step, c) : sup.maybeCheckpoint(step, c);
+    // One that ends while this save waits for it (busy policy "wait") is a warning too.
+    Status during;
+    r = sup.save(step, c, now, &during);
+    if (earlier.isOk()) earlier = during;
   }
   keep = py::object();
   if (!r) raiseStatus(r.status());

@@ -165,9 +165,14 @@ class Supervisor:
             if tier == "disk" and self._uses_dcp(state):
                 # DCP's staging: the only stall; the writer thread then persists through DCP.
                 from .dcp import LAYOUT, to_dcp
-                state_dict, _ = to_dcp(state, self._sup.rank, self._include_rng)
                 assert self._dcp is not None
-                self._dcp.stage(int(step), state_dict)
+                try:
+                    state_dict, _ = to_dcp(state, self._sup.rank, self._include_rng)
+                    self._dcp.stage(int(step), state_dict)
+                except Exception as e:
+                    # The other ranks' collective save must not wait for this rank (dcp.py).
+                    self._dcp.abstain(int(step), e)
+                    raise
                 return [], {"trainsup.python": "1", "trainsup.layout": LAYOUT}
             from .checkpoint import collect as _collect
             buffers, metadata, alive = _collect(state, self._include_rng)

@@ -408,6 +408,18 @@ class _VerifiedReader(FileSystemReader):
 
 # --- the rank's side of it -----------------------------------------------------------------
 
+def _save_failure(e: BaseException) -> str:
+    """A DCP save's CheckpointException as one line per failed rank: 'rank R: Type: message'."""
+    failures = getattr(e, "failures", None)
+    if not failures:
+        return f"{type(e).__name__}: {e}"
+    parts = []
+    for rank, wrapped in sorted(failures.items()):
+        cause = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+        parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
+    return "; ".join(parts)
+
+
 def _failure(e: BaseException) -> BaseException:
     """A DCP CheckpointException (failures gathered from every rank) as what trainsup's restore
     understands: CorruptionError when a file was bad or unreadable on any rank (try an older
@@ -462,7 +474,11 @@ class DcpCheckpoints:
         if pending[0] != step:
             raise RuntimeError(f"trainsup: staged state of step {pending[0]} persisted as step {step}")
         writer = _Writer(step_dir)
-        dcp.save(pending[1], storage_writer=writer, process_group=self.group)
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+        try:
+            dcp.save(pending[1], storage_writer=writer, process_group=self.group)
+        except CheckpointException as e:
+            raise RuntimeError(_save_failure(e)) from e
         companions = writer.companions()
         if self.rank == 0:
             path = os.path.join(step_dir, METADATA_FILE)
@@ -471,6 +487,30 @@ class DcpCheckpoints:
                 os.fsync(f.fileno())
             companions.append({"file": METADATA_FILE, "size": len(data), "xxh3": _xxh3(data)})
         return [(COMPANIONS, json.dumps(companions, separators=(",", ":")).encode())]
+
+    # Training thread, at a save whose staging (or collection) failed on this rank.
+    def abstain(self, step: int, error: BaseException) -> None:
+        """This rank could not stage step `step`. The other ranks persist it through DCP's
+        collective save, which would wait for this rank until the group's timeout (the commit
+        timeout, 10 min by default) and hold up every later save meanwhile. This rank joins that
+        save with a plan that fails with `error`: DCP gathers the failure, and the save ends on
+        every rank at once, naming this rank. (This rank's writer is idle here: a save first
+        waits for the previous persist, so the group's collectives stay in order.)"""
+        self._pending = None
+        if self.group is None:
+            return
+        from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        class _Refuse(DefaultSavePlanner):
+            def set_up_planner(self, *args: Any, **kwargs: Any) -> None:
+                raise error
+
+        try:
+            dcp.save({}, storage_writer=FileSystemWriter(f"trainsup-abstains-from-step-{step}"),
+                     planner=_Refuse(), process_group=self.group)
+        except (Exception, CheckpointException):
+            pass  # the failure it was made to carry
 
     # Training thread, at restore: a trainsup checkpoint of the dcp layout, or an adopted one.
     def load(self, state_dict: Dict[str, Any], path: str, world_size: Optional[int]) -> None:

@@ -125,6 +125,12 @@ class TRAINSUP_EXPORT Supervisor {
   // ("snapshot_failed") and a log line, never this call's error.
   Result<Checkpointer::Outcome> maybeCheckpoint(int64_t step, const Checkpointer::Collect& collect);
   Result<Checkpointer::Outcome> checkpoint(int64_t step, const Checkpointer::Collect& collect);
+  // As the two above (now: checkpoint(), else maybeCheckpoint()), but an earlier save's
+  // background persist failure is handed back in *earlier (once; Status::ok() when there was
+  // none) instead of as this call's error: the Result is this call's own save only. For callers
+  // that report a failed persist without stopping (the Python module warns), including one that
+  // ended while this call waited for it (busy policy "wait").
+  Result<Checkpointer::Outcome> save(int64_t step, const Checkpointer::Collect& collect, bool now, Status* earlier);
   // With TRAINSUP_CHECKPOINT_SNAPSHOT=overlapped: call before the state is next modified
   // (before the optimizer step); waits for the snapshot copy (timed as section "checkpoint").
   // OK at once when no snapshot is outstanding or checkpoints are not set up.
