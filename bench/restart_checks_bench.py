@@ -32,42 +32,8 @@ from trainsup.launch.liveness import HostLiveness
 from trainsup.ports import free_port
 from trainsup.quarantine import Quarantine
 
-
-class Counting(dist.Store):
-    """A store (a dist.Store written in Python, as trainsup's helpers need) that passes every
-    operation to a TCPStore client and counts them."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.ops = inner, 0
-
-    def set(self, key, value):
-        self.ops += 1
-        self.inner.set(key, value)
-
-    def get(self, key):
-        self.ops += 1
-        return self.inner.get(key)
-
-    def add(self, key, value):
-        self.ops += 1
-        return self.inner.add(key, value)
-
-    def compare_set(self, key, expected, desired):
-        self.ops += 1
-        return self.inner.compare_set(key, expected, desired)
-
-    def check(self, keys):
-        self.ops += 1
-        return self.inner.check(keys)
-
-    def delete_key(self, key):
-        self.ops += 1
-        return self.inner.delete_key(key)
-
-    def wait(self, keys, timeout=None):
-        self.ops += 1
-        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from counting_store import CountingStore  # noqa: E402  (shared with the tests)
 
 
 def serve(port):
@@ -83,7 +49,7 @@ def poll_s(hosts):
 def measure(n, reps, port):
     run = f"bench-{n}-{time.monotonic_ns()}"
     base = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False, use_libuv=True)
-    store = Counting(base)
+    store = CountingStore(base)
     hosts = [f"h{i:04d}" for i in range(n)]
     for i, h in enumerate(hosts[1:], 1):  # the other agents register (node key, counter, agent list)
         HostLiveness(base, run, h, [h, i, 0], lambda *a: None, start=False)

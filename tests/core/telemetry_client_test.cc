@@ -179,6 +179,20 @@ TEST(TelemetryClientTest, ARankAskedToStopThatGoesAwayIsAStoppedRankNotADeadOne)
   EXPECT_NE(v.evidence.find("dead_rank"), std::string::npos) << v.evidence;
 }
 
+// A client of rank `rank` that hands its first abort order (if `order`) to that promise.
+TelemetryClientOptions abortingClient(uint16_t port, int rank, std::promise<WireAbort>* order) {
+  TelemetryClientOptions o;
+  o.port = port;
+  o.token = jobToken();
+  o.rank = rank;
+  o.interval_s = 0.02;
+  if (order) {
+    auto once = std::make_shared<std::once_flag>();
+    o.on_abort = [order, once](const WireAbort& a) { std::call_once(*once, [&] { order->set_value(a); }); };
+  }
+  return o;
+}
+
 TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
   Sink sink;
   auto coord = coordinator(sink, 3);
@@ -186,17 +200,8 @@ TEST(TelemetryClientTest, TheOtherRanksAreOrderedToAbortNamingTheCulprit) {
   std::vector<std::promise<WireAbort>> orders(2);
   std::vector<std::unique_ptr<TelemetryClient>> clients;
   for (int r = 0; r < 3; ++r) {
-    TelemetryClientOptions o;
-    o.port = coord->port();
-    o.token = jobToken();
-    o.rank = r;
-    o.interval_s = 0.02;
-    if (r < 2) {
-      auto* p = &orders[r];
-      auto once = std::make_shared<std::once_flag>();
-      o.on_abort = [p, once](const WireAbort& a) { std::call_once(*once, [&] { p->set_value(a); }); };
-    }
-    clients.push_back(TelemetryClient::start(o, trackers[r]).value());
+    clients.push_back(
+        TelemetryClient::start(abortingClient(coord->port(), r, r < 2 ? &orders[r] : nullptr), trackers[r]).value());
   }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   for (int r = 0; r < 3; ++r) {  // all connected: the order reaches the connections there are
@@ -222,19 +227,7 @@ TEST(TelemetryClientTest, ARankThatConnectsAfterTheAbortOrderIsToldToo) {
   auto coord = coordinator(sink, 3);
   std::vector<CollectiveTracker> trackers(3);
   std::vector<std::promise<WireAbort>> orders(2);
-  auto options = [&](int r) {
-    TelemetryClientOptions o;
-    o.port = coord->port();
-    o.token = jobToken();
-    o.rank = r;
-    o.interval_s = 0.02;
-    if (r < 2) {
-      auto* p = &orders[r];
-      auto once = std::make_shared<std::once_flag>();
-      o.on_abort = [p, once](const WireAbort& a) { std::call_once(*once, [&] { p->set_value(a); }); };
-    }
-    return o;
-  };
+  auto options = [&](int r) { return abortingClient(coord->port(), r, r < 2 ? &orders[r] : nullptr); };
   auto c0 = TelemetryClient::start(options(0), trackers[0]).value();
   auto c2 = TelemetryClient::start(options(2), trackers[2]).value();
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

@@ -208,7 +208,7 @@ def test_a_rank_that_cannot_stage_fails_that_save_on_every_rank_at_once(tmp_path
     is what a restore finds."""
     results = _run(4, "stagefail", tmp_path, "--tp", 2, timeout=400)
     print(f"[measure] step 1 failed and step 2 saved in {max(r['waited_s'] for r in results):.2f} s")
-    assert results[1]["outcome1"].startswith("InvalidArgumentError: collecting the state: OSError") and "injected: no memory" in results[1]["outcome1"], results
+    assert results[1]["outcome1"].startswith("IoError: collecting the state: OSError") and "injected: no memory" in results[1]["outcome1"], results
     assert all(r["outcome2"] == "started" for r in results), results
     assert max(r["waited_s"] for r in results) < 30, results  # the commit timeout is 120 s
     failed = _events(tmp_path, "checkpoint_failed")

@@ -3,6 +3,7 @@ Driven by hand here (no threads) on an in-process store and a clock the test set
 says exactly which keep-alives went through when."""
 import torch.distributed as dist
 
+from counting_store import CountingStore
 from trainsup.launch.liveness import HostLiveness
 
 
@@ -199,38 +200,6 @@ def test_a_slow_link_to_the_store_is_reported_once_and_its_recovery_too_and_nobo
     assert len(slow) == 2 and slow[1][0] == "host-a" and slow[1][3] is False
     assert b.slow_hosts(["host-a", "host-b"]) == []
     assert lost == []
-
-
-class CountingStore(dist.Store):
-    """A HashStore that counts the operations made on it."""
-
-    def __init__(self):
-        super().__init__()
-        self.inner = dist.HashStore()
-        self.ops = 0
-
-    def set(self, key, value):
-        self.ops += 1
-        self.inner.set(key, value)
-
-    def get(self, key):
-        self.ops += 1
-        return self.inner.get(key)
-
-    def add(self, key, value):
-        self.ops += 1
-        return self.inner.add(key, value)
-
-    def compare_set(self, key, expected, desired):
-        self.ops += 1
-        return self.inner.compare_set(key, expected, desired)
-
-    def check(self, keys):
-        self.ops += 1
-        return self.inner.check(keys)
-
-    def wait(self, keys, timeout=None):
-        self.inner.wait(keys, timeout)
 
 
 def store_ops_per_agent_second(n, seconds=10, warmup=3):

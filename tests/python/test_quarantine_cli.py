@@ -78,7 +78,7 @@ def test_records_reads_again_only_after_a_change_and_sees_every_kind_of_change(t
     """Quarantine.records(hosts), asked every poll by every agent while a round forms: one stat
     and one store read while nothing changes; a record written by an agent on another directory
     (its store copy), by an operator's command in this directory, and a release are all seen."""
-    from test_liveness import CountingStore
+    from counting_store import CountingStore
     store = CountingStore()
     hosts = [f"host-{i}" for i in range(64)]
     here = Quarantine(str(tmp_path / "shared"), store)

@@ -274,7 +274,11 @@ std::pair<std::string, std::string> save(Supervisor& sup, int64_t step, const py
       for (auto kv : tup[1].cast<py::dict>()) meta[kv.first.cast<std::string>()] = kv.second.cast<std::string>();
       return Status::ok();
     } catch (py::error_already_set& e) {
-      return Status::invalidArgument(std::string("collecting the state: ") + e.what());
+      // Out of memory or an OS error (staging copies, a file a state reads) is the resource's
+      // failure, not the state's: IoError; anything else (a state trainsup cannot save) is bad input.
+      const std::string what = std::string("collecting the state: ") + e.what();
+      if (e.matches(PyExc_OSError) || e.matches(PyExc_MemoryError)) return Status::ioError(what);
+      return Status::invalidArgument(what);
     }
   };
   Result<Checkpointer::Outcome> r = Status::internal("unset");
