@@ -3,6 +3,7 @@
 #include "trainsup/supervisor.h"
 
 #include "../test_util.h"
+#include "checkpoint_test_util.h"
 #include "rank/supervisor_testing.h"
 #include "telemetry/telemetry_testing.h"
 #include "trainsup/collective_tracker.h"
@@ -363,6 +364,45 @@ TEST(SupervisorTest, ScopesNest) {
   EXPECT_EQ((*sup)->progress().snapshot().section, kIdleSection);
   EXPECT_EQ((*sup)->budgetFor("step").kind, BudgetKind::kWarmup);
   EXPECT_THROW((*sup)->section(""), std::logic_error);
+}
+
+// A background persist failure is reported once, by the next save, after that save was carried
+// out: by checkpoint() as its error (the C++ contract), by save(..., &earlier) beside the save's
+// own outcome (what the Python module turns into a warning). With the busy policy "wait" the
+// failure ends while the next save waits for it, and is still that save's to report.
+TEST(SupervisorTest, APersistFailureIsReportedOnceByTheNextSaveWhichStillHappens) {
+  std::string dir = tempDir();
+  Config c = testConfig(dir);
+  c.identity.rank = 0;
+  c.identity.world_size = 1;
+  c.checkpoint.dir = dir + "/ckpt";
+  c.checkpoint.interval_s = 0;
+  c.checkpoint.busy_policy = BusyPolicy::kWait;
+  auto sup = Supervisor::create(c);
+  ASSERT_TRUE(sup.isOk()) << sup.status().toString();
+  auto ckpt = (*sup)->checkpointer();
+  ASSERT_TRUE(ckpt.isOk()) << ckpt.status().toString();
+  (*ckpt)->setPersistHook([](const std::string&, int64_t step) -> Result<std::vector<std::pair<std::string, std::string>>> {
+    if (step % 2 == 1) return Status::ioError("disk quota exceeded at step " + std::to_string(step));
+    return std::vector<std::pair<std::string, std::string>>{};
+  });
+  testing::State s(1);
+  auto r1 = (*sup)->checkpoint(1, s.collect(1));
+  ASSERT_TRUE(r1.isOk()) << r1.status().toString();
+  EXPECT_EQ(*r1, Checkpointer::Outcome::kStarted);
+  Status earlier;
+  auto r2 = (*sup)->save(2, s.collect(2), /*now=*/true, &earlier);
+  ASSERT_TRUE(r2.isOk()) << r2.status().toString();  // step 2's own save
+  EXPECT_EQ(*r2, Checkpointer::Outcome::kStarted);
+  EXPECT_NE(earlier.message().find("disk quota exceeded at step 1"), std::string::npos) << earlier.toString();
+  auto r3 = (*sup)->checkpoint(3, s.collect(3));
+  ASSERT_TRUE(r3.isOk()) << r3.status().toString();  // step 1's failure was reported already
+  auto r4 = (*sup)->checkpoint(4, s.collect(4));
+  ASSERT_FALSE(r4.isOk());  // step 3's failure, as this call's error...
+  EXPECT_NE(r4.status().message().find("disk quota exceeded at step 3"), std::string::npos) << r4.status().toString();
+  ASSERT_TRUE((*ckpt)->waitIdle(seconds(30)).isOk());
+  EXPECT_EQ((*ckpt)->stats().last_committed_step, 4);  // ...after step 4's save was carried out
+  (*sup)->close();
 }
 
 }  // namespace
