@@ -12,6 +12,17 @@ import pytest
 import trainsup.launch.warm_client as warm_client
 
 CLIENT = warm_client.__file__
+# The compiled client (bindings/python/src/warm_client.cc) that trainsup.run prefers.
+NATIVE = os.path.join(os.path.dirname(CLIENT), "trainsup-warm-client")
+
+
+@pytest.fixture(params=["python", "native"])
+def client(request):
+    """The command that starts a worker through a client: `client(socket, script, *args)`."""
+    if request.param == "native":
+        assert os.access(NATIVE, os.X_OK), f"{NATIVE}: not built"
+        return lambda sock, *rest: [NATIVE, sys.executable, sock, *map(str, rest)]
+    return lambda sock, *rest: [sys.executable, CLIENT, sock, *map(str, rest)]
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +43,10 @@ def zygote_socket(tmp_path_factory):
     ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM),
     ("print('fine')", 0),
 ])
-def test_the_client_ends_as_its_worker_did(zygote_socket, tmp_path, body, want):
+def test_the_client_ends_as_its_worker_did(zygote_socket, tmp_path, body, want, client):
     script = tmp_path / "w.py"
     script.write_text(body + "\n")
-    p = subprocess.run([sys.executable, CLIENT, zygote_socket, str(script)], capture_output=True, text=True,
-                       timeout=60)
+    p = subprocess.run(client(zygote_socket, script), capture_output=True, text=True, timeout=60)
     assert p.returncode == want, (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
 
@@ -55,3 +65,40 @@ def test_a_worker_collects_its_own_objects_and_leaves_the_zygotes_frozen(zygote_
     p = subprocess.run([sys.executable, CLIENT, zygote_socket, str(script)], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+def test_the_worker_gets_the_clients_arguments_environment_directory_and_streams(zygote_socket, tmp_path, client):
+    script = tmp_path / "w.py"
+    script.write_text("import json, os, sys\n"
+                      "print(json.dumps([sys.argv, os.environ.get('TRAINSUP_TEST_X'), os.getcwd()]))\n"
+                      "print('to stderr', file=sys.stderr)\n")
+    here = tmp_path / "cwd"
+    here.mkdir()
+    p = subprocess.run(client(zygote_socket, script, "--x", "a b", "é"), capture_output=True, text=True, timeout=60,
+                       cwd=here, env=dict(os.environ, TRAINSUP_TEST_X="value=with=equals"))
+    assert p.returncode == 0, p.stderr
+    import json
+    argv, x, cwd = json.loads(p.stdout)
+    assert argv == [str(script), "--x", "a b", "é"] and x == "value=with=equals" and cwd == str(here), p.stdout
+    assert p.stderr.strip() == "to stderr"
+
+
+def test_a_signal_to_the_client_reaches_the_worker(zygote_socket, tmp_path, client):
+    """torchrun stops a worker by signalling its child, the client: the worker must get it."""
+    script = tmp_path / "w.py"
+    script.write_text("import signal, sys\n"
+                      "signal.signal(signal.SIGTERM, lambda *a: sys.exit(5))\n"
+                      "print('ready', flush=True)\n"
+                      "signal.pause()\n")
+    p = subprocess.Popen(client(zygote_socket, script), stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(60) == 5
+
+
+def test_without_a_zygote_the_client_runs_the_script_cold(tmp_path, client):
+    script = tmp_path / "w.py"
+    script.write_text("import sys; sys.exit(4 if 'torch' not in sys.modules else 9)\n")
+    p = subprocess.run(client(str(tmp_path / "nobody.sock"), script), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 4, p.stderr
+    assert "warm start unavailable" in p.stderr and "starting" in p.stderr, p.stderr

@@ -117,7 +117,8 @@ def _byte_count(args: Any, flag: str) -> int:
 
 def _warm_start(args: Any, settings: Dict[str, Any]) -> None:
     """Starts this host's zygote (trainsup/launch/zygote.py) and makes torchrun start each worker
-    through warm_client.py, which has the zygote fork it. Torchrun's own OMP_NUM_THREADS default
+    through trainsup-warm-client (or warm_client.py where it is missing), which has the zygote
+    fork it. Torchrun's own OMP_NUM_THREADS default
     for workers is applied to the zygote first (libgomp reads it when torch is loaded)."""
     import atexit
     import subprocess
@@ -138,9 +139,18 @@ def _warm_start(args: Any, settings: Dict[str, Any]) -> None:
     if zygote.stdout is None or zygote.stdout.readline().strip() != "listening":
         print("[trainsup] the zygote did not start; workers start cold", file=sys.stderr, flush=True)
         return
-    client = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_client.py")
-    args.training_script_args = [sock, args.training_script, *args.training_script_args]
-    args.training_script = client
+    here = os.path.dirname(os.path.abspath(__file__))
+    native = os.path.join(here, "trainsup-warm-client")
+    if os.access(native, os.X_OK) and not getattr(args, "run_path", False):
+        # The compiled client (bindings/python/src/warm_client.cc): torchrun runs it directly
+        # (its --no-python), and it runs the script with torchrun's interpreter if no zygote answers.
+        python = os.getenv("PYTHON_EXEC", sys.executable)
+        args.training_script_args = [python, sock, args.training_script, *args.training_script_args]
+        args.training_script = native
+        args.no_python = True
+    else:
+        args.training_script_args = [sock, args.training_script, *args.training_script_args]
+        args.training_script = os.path.join(here, "warm_client.py")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
