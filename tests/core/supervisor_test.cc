@@ -369,7 +369,9 @@ TEST(SupervisorTest, ScopesNest) {
 // A background persist failure is reported once, by the next save, after that save was carried
 // out: by checkpoint() as its error (the C++ contract), by save(..., &earlier) beside the save's
 // own outcome (what the Python module turns into a warning). With the busy policy "wait" the
-// failure ends while the next save waits for it, and is still that save's to report.
+// failure ends while the next save waits for it, and is still that save's to report. (The
+// failing persists wait for the test's go, so that a fast writer thread cannot fail them before
+// their own save() returns: its result would then carry them.)
 TEST(SupervisorTest, APersistFailureIsReportedOnceByTheNextSaveWhichStillHappens) {
   std::string dir = tempDir();
   Config c = testConfig(dir);
@@ -382,27 +384,35 @@ TEST(SupervisorTest, APersistFailureIsReportedOnceByTheNextSaveWhichStillHappens
   ASSERT_TRUE(sup.isOk()) << sup.status().toString();
   auto ckpt = (*sup)->checkpointer();
   ASSERT_TRUE(ckpt.isOk()) << ckpt.status().toString();
-  (*ckpt)->setPersistHook([](const std::string&, int64_t step) -> Result<std::vector<std::pair<std::string, std::string>>> {
+  std::promise<void> go1, go3;
+  std::shared_future<void> gate1 = go1.get_future().share(), gate3 = go3.get_future().share();
+  (*ckpt)->setPersistHook([gate1, gate3](const std::string&, int64_t step)
+                              -> Result<std::vector<std::pair<std::string, std::string>>> {
+    if (step == 1) gate1.wait();
+    if (step == 3) gate3.wait();
     if (step % 2 == 1) return Status::ioError("disk quota exceeded at step " + std::to_string(step));
     return std::vector<std::pair<std::string, std::string>>{};
   });
   testing::State s(1);
   auto r1 = (*sup)->checkpoint(1, s.collect(1));
+  go1.set_value();
+  Status earlier;
+  auto r2 = (*sup)->save(2, s.collect(2), /*now=*/true, &earlier);  // waits for step 1's persist
+  auto r3 = (*sup)->checkpoint(3, s.collect(3));
+  go3.set_value();
+  auto r4 = (*sup)->checkpoint(4, s.collect(4));  // waits for step 3's persist
+  ASSERT_TRUE((*ckpt)->waitIdle(seconds(30)).isOk());
+  const int64_t committed = (*ckpt)->stats().last_committed_step;
+  (*sup)->close();  // the checkpointer with it
   ASSERT_TRUE(r1.isOk()) << r1.status().toString();
   EXPECT_EQ(*r1, Checkpointer::Outcome::kStarted);
-  Status earlier;
-  auto r2 = (*sup)->save(2, s.collect(2), /*now=*/true, &earlier);
   ASSERT_TRUE(r2.isOk()) << r2.status().toString();  // step 2's own save
   EXPECT_EQ(*r2, Checkpointer::Outcome::kStarted);
   EXPECT_NE(earlier.message().find("disk quota exceeded at step 1"), std::string::npos) << earlier.toString();
-  auto r3 = (*sup)->checkpoint(3, s.collect(3));
   ASSERT_TRUE(r3.isOk()) << r3.status().toString();  // step 1's failure was reported already
-  auto r4 = (*sup)->checkpoint(4, s.collect(4));
-  ASSERT_FALSE(r4.isOk());  // step 3's failure, as this call's error...
+  ASSERT_FALSE(r4.isOk());                            // step 3's failure, as this call's error...
   EXPECT_NE(r4.status().message().find("disk quota exceeded at step 3"), std::string::npos) << r4.status().toString();
-  ASSERT_TRUE((*ckpt)->waitIdle(seconds(30)).isOk());
-  EXPECT_EQ((*ckpt)->stats().last_committed_step, 4);  // ...after step 4's save was carried out
-  (*sup)->close();
+  EXPECT_EQ(committed, 4);  // ...after step 4's save was carried out
 }
 
 }  // namespace
