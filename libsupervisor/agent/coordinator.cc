@@ -43,10 +43,10 @@ struct Coordinator::Impl {
   // (Identity only, never dereferenced; every connection leaves through Connection::closed(),
   // which takes its entries out, before it can be destroyed.)
   std::map<int, const class Connection*> owner;
-  bool aborted = false;
-  // The abort order once given: a rank that connects after it (still starting when the verdict
-  // came) is told too, rather than entering collectives that nobody will answer.
+  // The abort order once given (null before): a rank that connects after it (still starting
+  // when the verdict came) is told too, rather than entering collectives that nobody will answer.
   std::shared_ptr<std::string> abort_frame;
+  bool aborted() const { return abort_frame != nullptr; }
   bool deposed = false;  // I/O thread: a node monitor said it moved to another coordinator
   void broadcastAbort(const Verdict& v);
 
@@ -270,7 +270,7 @@ void Coordinator::Impl::arm(std::chrono::nanoseconds wait) {
         self->count(&Counters::deposed_verdicts);  // replaced: not ours to report or act on
         continue;
       }
-      if (self->aborted) {
+      if (self->aborted()) {
         // After the abort order, ranks leaving and collectives left open are its consequences.
         self->count(&Counters::consequences);
         continue;
@@ -278,7 +278,7 @@ void Coordinator::Impl::arm(std::chrono::nanoseconds wait) {
       self->count(&Counters::verdicts);
       if (self->on_verdict) self->on_verdict(v);
       // A straggler slows the job but does not stop it: reported, not aborted for.
-      if (!self->aborted && self->options.abort_on_verdict && v.kind != VerdictKind::kStraggler) {
+      if (!self->aborted() && self->options.abort_on_verdict && v.kind != VerdictKind::kStraggler) {
         self->broadcastAbort(v);
       }
     }
@@ -289,7 +289,6 @@ void Coordinator::Impl::arm(std::chrono::nanoseconds wait) {
 // The first verdict ends the job: every rank still connected is told to abort, naming the
 // culprit, so that nobody waits out a collective timeout.
 void Coordinator::Impl::broadcastAbort(const Verdict& v) {
-  aborted = true;
   WireMessage m;
   m.type = WireType::kAbort;
   WireAbort a;

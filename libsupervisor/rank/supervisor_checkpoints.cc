@@ -105,9 +105,6 @@ Result<Checkpointer::Outcome> Supervisor::checkpoint(int64_t step, const Checkpo
 }
 
 Result<Checkpointer::Outcome> Supervisor::saveCheckpoint(int64_t step, const Checkpointer::Collect& collect, bool now) {
-  if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
-  // The save runs first on every rank, whatever an earlier persist left behind: skipping it on
-  // one rank would put that rank's decisions out of step with the others'.
   Status earlier;
   Result<Checkpointer::Outcome> r = save(step, collect, now, &earlier);
   if (!earlier.isOk()) return earlier;
@@ -117,6 +114,8 @@ Result<Checkpointer::Outcome> Supervisor::saveCheckpoint(int64_t step, const Che
 Result<Checkpointer::Outcome> Supervisor::save(int64_t step, const Checkpointer::Collect& collect, bool now,
                                                Status* earlier) {
   if (Status s = needCheckpointer(impl_->checkpointer); !s.isOk()) return s;
+  // The save runs first on every rank, whatever an earlier persist left behind: skipping it on
+  // one rank would put that rank's decisions out of step with the others'.
   Result<Checkpointer::Outcome> r = saveCheckpointNow(step, collect, now);
   if (earlier) *earlier = impl_->checkpointer->takeError();
   return r;

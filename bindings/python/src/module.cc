@@ -285,15 +285,9 @@ std::pair<std::string, std::string> save(Supervisor& sup, int64_t step, const py
   Status earlier;
   {
     py::gil_scoped_release release;
-    auto ckpt = sup.checkpointer();
-    if (ckpt) {
-      (*ckpt)->awaitSnapshot();  // an outstanding copy may still fail that persist
-      earlier = (*ckpt)->takeError();
-    }
-    // One that ends while this save waits for it (busy policy "wait") is a warning too.
-    Status during;
-    r = sup.save(step, c, now, &during);
-    if (earlier.isOk()) earlier = during;
+    // Taken after the save (which first awaits an outstanding copy): a persist that ends while
+    // this save waits for it (busy policy "wait") is a warning too.
+    r = sup.save(step, c, now, &earlier);
   }
   keep = py::object();
   if (!r) raiseStatus(r.status());

@@ -408,28 +408,28 @@ class _VerifiedReader(FileSystemReader):
 
 # --- the rank's side of it -----------------------------------------------------------------
 
+def _causes(e: BaseException) -> List[Tuple[int, BaseException]]:
+    """(rank, exception) per rank of a DCP CheckpointException, by rank; [] for anything else."""
+    failures = getattr(e, "failures", None) or {}
+    # (exception, traceback summary) per rank
+    return [(rank, wrapped[0] if isinstance(wrapped, tuple) else wrapped) for rank, wrapped in sorted(failures.items())]
+
+
 def _save_failure(e: BaseException) -> str:
     """A DCP save's CheckpointException as one line per failed rank: 'rank R: Type: message'."""
-    failures = getattr(e, "failures", None)
-    if not failures:
+    causes = _causes(e)
+    if not causes:
         return f"{type(e).__name__}: {e}"
-    parts = []
-    for rank, wrapped in sorted(failures.items()):
-        cause = wrapped[0] if isinstance(wrapped, tuple) else wrapped
-        parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
-    return "; ".join(parts)
+    return "; ".join(f"rank {rank}: {type(cause).__name__}: {cause}" for rank, cause in causes)
 
 
 def _failure(e: BaseException) -> BaseException:
     """A DCP CheckpointException (failures gathered from every rank) as what trainsup's restore
     understands: CorruptionError when a file was bad or unreadable on any rank (try an older
     checkpoint), else the first rank's own error."""
-    failures = getattr(e, "failures", None)
-    if not failures:
+    causes = _causes(e)
+    if not causes:
         return e
-    causes = []
-    for rank, wrapped in sorted(failures.items()):  # (exception, traceback summary) per rank
-        causes.append((rank, wrapped[0] if isinstance(wrapped, tuple) else wrapped))
     bad = [(r, c) for r, c in causes if isinstance(c, (CorruptionError, OSError, EOFError, pickle.UnpicklingError))]
     if bad:
         return CorruptionError("; ".join(f"rank {r}: {c}" for r, c in bad))
