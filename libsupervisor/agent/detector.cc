@@ -178,6 +178,7 @@ Detector::Pending* Detector::pendingFor(int rank, uint64_t group, uint64_t seq, 
     p.wait_ns.assign(n, -1);
     p.ops.assign(n, CollectiveOp::kOther);
     p.bytes_of.assign(n, 0);
+    p.slow_hosts = slow_hosts_;
   }
   return &p;
 }
@@ -400,12 +401,21 @@ void Detector::setRankInfo(const RankInfo& info) {
   mergeRankInfo(ranks_[info.rank], info);
 }
 
-void Detector::setSlowHosts(std::vector<std::string> hosts) { slow_hosts_ = std::move(hosts); }
-
-bool Detector::onSlowHost(int rank) const {
-  return rank >= 0 && rank < world_ &&
-         std::find(slow_hosts_.begin(), slow_hosts_.end(), ranks_[rank].host) != slow_hosts_.end();
+void Detector::setSlowHosts(std::vector<std::string> hosts) {
+  slow_hosts_ = std::move(hosts);
+  if (slow_hosts_.empty()) return;
+  for (auto& [key, p] : pending_) {  // the ops open now are held by these links too
+    for (const auto& h : slow_hosts_) {
+      if (std::find(p.slow_hosts.begin(), p.slow_hosts.end(), h) == p.slow_hosts.end()) p.slow_hosts.push_back(h);
+    }
+  }
 }
+
+bool Detector::onHostIn(int rank, const std::vector<std::string>& hosts) const {
+  return rank >= 0 && rank < world_ && std::find(hosts.begin(), hosts.end(), ranks_[rank].host) != hosts.end();
+}
+
+bool Detector::onSlowHost(int rank) const { return onHostIn(rank, slow_hosts_); }
 
 void Detector::onRankStalled(int rank, const std::string& section, int64_t step, int64_t now_ns) {
   if (rank < 0 || rank >= world_) return;
@@ -798,15 +808,15 @@ std::vector<Verdict> Detector::evaluate(int64_t now_ns) {
     // A slow link explains a collective that every rank entered (one is left waiting for the
     // link's packets), or one that only ranks on slow hosts have not entered (their news is
     // late). A rank on a healthy host that never entered is named as always.
-    bool link_explains = !slow_hosts_.empty();
-    for (int r : missing) link_explains = link_explains && onSlowHost(r);
+    bool link_explains = !p.slow_hosts.empty();
+    for (int r : missing) link_explains = link_explains && onHostIn(r, p.slow_hosts);
     std::vector<int> slow_ranks;
     std::string slow_list;
     if (link_explains) {
       for (int r = 0; r < world_; ++r) {
-        if (onSlowHost(r)) slow_ranks.push_back(r);
+        if (onHostIn(r, p.slow_hosts)) slow_ranks.push_back(r);
       }
-      for (const auto& h : slow_hosts_) slow_list += (slow_list.empty() ? "" : ",") + h;
+      for (const auto& h : p.slow_hosts) slow_list += (slow_list.empty() ? "" : ",") + h;
       // A slow link holds collectives everywhere: say so once, name a hang only much later.
       const int64_t extended = static_cast<int64_t>(static_cast<double>(budget) * options_.slow_link_multiplier);
       if (!p.slow_reported) {

@@ -375,6 +375,50 @@ TEST(DetectorTest, ASlowLinkMakesAStragglerOfItsHostAndDelaysHangVerdicts) {
   EXPECT_EQ(v[0].hosts, std::vector<std::string>{"host-b"});
 }
 
+// CI saw it: an allreduce opened just before host-b's agent reported its slow link; the link
+// recovered 7.1 s later, and the allreduce, still held 0.75 s on by TCP's backed-off
+// retransmissions, was named hung at budget + network grace (8 s) as if the link had never been
+// slow. The allowance belongs to the op: it keeps 6 x its budget after the recovery. An op
+// opened after the recovery has the normal budget again.
+TEST(DetectorTest, ACollectiveOpenWhileALinkWasSlowKeepsItsAllowanceAfterTheLinkRecovers) {
+  Job job;
+  for (int i = 0; i < 200; ++i) job.step(even(50 * kMs));
+  int64_t t0 = job.now;
+  const uint64_t seq = 201;
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, seq, CollectiveOp::kAllreduce, 4096, t0);
+  for (int r : {1, 2, 3}) job.det.onExit(r, seq, 1 * kMs, t0 + 1 * kMs);  // rank 0 waits for host-b's packets
+  std::vector<Verdict> seen;
+  for (int64_t t = 100 * kMs; t <= 9 * kS; t += 100 * kMs) {
+    if (t == 200 * kMs) job.det.setSlowHosts({"host-b"});  // reported after the op opened
+    if (t == 7100 * kMs) job.det.setSlowHosts({});          // recovered; the op is still open
+    for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t0 + t);
+    for (auto& v : job.det.evaluate(t0 + t)) seen.push_back(v);
+  }
+  ASSERT_EQ(seen.size(), 1u) << seen.back().evidence;
+  EXPECT_EQ(seen[0].kind, VerdictKind::kStraggler);
+  EXPECT_EQ(seen[0].hosts, std::vector<std::string>{"host-b"});
+  job.det.onExit(0, seq, 9 * kS, t0 + 9 * kS);
+  EXPECT_TRUE(job.det.evaluate(t0 + 9 * kS).empty());
+
+  // The next one opens with the link fine and never completes: hung at 5 s + the 3 s grace.
+  t0 += 9 * kS;
+  for (int r = 0; r < 4; ++r) job.det.onEnter(r, seq + 1, CollectiveOp::kAllreduce, 4096, t0);
+  for (int r : {1, 2, 3}) job.det.onExit(r, seq + 1, 1 * kMs, t0 + 1 * kMs);
+  seen.clear();
+  int64_t named_at = -1;
+  for (int64_t t = 100 * kMs; t <= 10 * kS && named_at < 0; t += 100 * kMs) {
+    for (int r = 0; r < 4; ++r) job.det.onHeartbeat(r, t0 + t);
+    for (auto& v : job.det.evaluate(t0 + t)) {
+      seen.push_back(v);
+      named_at = t;
+    }
+  }
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].kind, VerdictKind::kHungRank);
+  EXPECT_GT(named_at, 8 * kS);
+  EXPECT_LE(named_at, 8200 * kMs);
+}
+
 // A slow link does not cover for another host: rank 2 on healthy host-c never enters the
 // collective (a deadlock in its own code) while host-b's link is slow. host-c is named at the
 // usual budget, not host-b at 6 x it.

@@ -32,7 +32,9 @@
 //   the slow host. While any host is slow, a collective over its budget is first reported as a
 //   straggler naming the slow host(s), and named hung only once open slow_link_multiplier x its
 //   budget; a rank on a slow host gets the same multiple of the silence timeout. A slow host is
-//   a straggler, not a dead one; a real hang is still named, later.
+//   a straggler, not a dead one; a real hang is still named, later. A collective open while a
+//   host was slow keeps that allowance after the link recovers: the stream it waits on is
+//   still in TCP's backed-off retransmission (seen: held 0.75 s past the recovery).
 // - late telemetry: heartbeats carry the rank's send time. Per rank the detector keeps the
 //   smallest (arrival - send) seen, which absorbs the hosts' clock offset; what a heartbeat
 //   takes above it is its transit delay. A rank whose last three heartbeats took
@@ -258,6 +260,9 @@ class TRAINSUP_EXPORT Detector {
     bool mismatch = false;       // slots entered different ops or sizes
     bool reported = false;
     bool slow_reported = false;  // reported as held by a slow link (a straggler verdict)
+    // The hosts reported slow while it was open: the allowance stays with the op until it
+    // completes, as TCP's backed-off retransmissions outlast the link's recovery.
+    std::vector<std::string> slow_hosts;
   };
   Group* findGroup(uint64_t group);
   // The key of a record and the rank's slot in it (and its group, for a subgroup's collective);
@@ -283,6 +288,7 @@ class TRAINSUP_EXPORT Detector {
   Chain resolve(const OpKey& key, Pending& p, const std::vector<int>& missing);
   void desyncVerdicts(int64_t now_ns, std::vector<Verdict>& out);
   bool onSlowHost(int rank) const;
+  bool onHostIn(int rank, const std::vector<std::string>& hosts) const;
   void complete(Pending& p);
   Verdict make(VerdictKind kind, std::vector<int> ranks, std::string evidence, uint64_t seq = 0,
                const std::string& op = "", uint64_t group = 0) const;
