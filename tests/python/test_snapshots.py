@@ -23,7 +23,7 @@ JOB = "snapjob"
 
 
 class Cluster:
-    """Snapshot services of simulated hosts, sharing one store; rounds of 2 hosts x 2 ranks."""
+    """Snapshot services of simulated hosts, sharing one store; rounds of 4 ranks on 2 or 4 hosts."""
 
     def __init__(self, tmp_path, max_bytes=None):
         self.tmp = tmp_path
@@ -50,10 +50,12 @@ class Cluster:
         for g, h in enumerate(hosts):
             self.host(h).joined_round(round_, g, len(hosts))
 
+        per_host = 4 // len(hosts)
+
         def rank_env(r):
-            svc = self.services[hosts[r // 2]]
-            return dict(svc.rank_env, TRAINSUP_NODE_NAME=svc.node, LOCAL_RANK=str(r % 2), LOCAL_WORLD_SIZE="2",
-                        GROUP_RANK=str(r // 2), TRAINSUP_RESTART_COUNT=str(round_))
+            svc = self.services[hosts[r // per_host]]
+            return dict(svc.rank_env, TRAINSUP_NODE_NAME=svc.node, LOCAL_RANK=str(r % per_host),
+                        LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(r // per_host), TRAINSUP_RESTART_COUNT=str(round_))
 
         env = {"TRAINSUP_JOB_ID": JOB, "TRAINSUP_LOG_DIR": str(self.tmp / "logs"),
                "TRAINSUP_CHECKPOINT_DIR": str(self.tmp / "disk"), "TRAINSUP_SNAPSHOT_EVERY_STEPS": "2",
@@ -162,6 +164,30 @@ def test_a_corrupt_last_copy_is_skipped_and_the_restore_falls_back_to_disk(clust
                                       for e in fallback), fallback
     restored = cluster.worker_events("checkpoint_restored")
     assert [e.get("tier") for e in restored] == [None] * 4  # the disk tier's event has no tier
+
+
+def test_two_hosts_lost_at_once_leave_a_shard_without_a_copy_and_the_restore_falls_back_to_disk(cluster, tmp_path):
+    # Four hosts of one rank each; each copies its shard to the next (ha -> hb -> hc -> hd -> ha).
+    disk = {"TRAINSUP_CHECKPOINT_EVERY_STEPS": "5"}
+    cluster.run(0, ["ha", "hb", "hc", "hd"], steps=9, extra_env=disk)
+    newest = max(e["step"] for e in cluster.worker_events("snapshot_committed"))
+    assert newest > 5, "the newest snapshot must be newer than the disk checkpoint for this test"
+    manifest = json.load(open(glob.glob(os.path.join(cluster.services["ha"].dir, "step-*", "MANIFEST.json"))[0]))
+    assert json.loads(manifest["metadata"]["trainsup.placement"]) == [["ha", "hb"], ["hb", "hc"], ["hc", "hd"],
+                                                                       ["hd", "ha"]]
+    # hb and its peer hc die together: rank 1's shard and its only copy are gone. Ranks 0 and 3
+    # (on ha and hd) still have theirs, and rank 2's copy is on hd; the step is unusable as a
+    # whole, so every rank restores the disk's step 5, and says why.
+    cluster.lose("hb")
+    cluster.lose("hc")
+    second = cluster.run(1, ["ha", "hd", "he", "hf"], steps=12, extra_env=disk)
+    assert [r["restored"] for r in second] == [5] * 4
+    expected = reference_digest(tmp_path, 12)
+    assert all(r["digest"] == pytest.approx(expected, rel=1e-12) for r in second)
+    fallback = cluster.worker_events("snapshot_restore_fallback")
+    assert len(fallback) == 4, fallback
+    assert all("shard-r00001-of-00004.tsc" in e["reason"] for e in fallback), fallback
+    assert not [e for e in cluster.events if e["event"] == "snapshot_copy_skipped"]
 
 
 def test_a_peer_out_of_snapshot_memory_fails_that_snapshot_not_the_job(tmp_path):
