@@ -77,13 +77,11 @@ def worker(steps, hidden, queue_len, collect_every, out_fd):
     model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     history = []
-    queue = collections.deque()
+    queue = collections.deque(maxlen=queue_len)  # the oldest batch leaves as a new one comes
     times = []
     for step in range(steps):
         t0 = time.perf_counter()
         queue.append([{"index": step * 64 + i, "source": ("shard", step % 7), "tokens": [i, step]} for i in range(64)])
-        if len(queue) > queue_len:
-            queue.popleft()
         x = torch.randn(64, 64)
         loss = ((model(x) - x.sum(dim=1, keepdim=True) * 0.1) ** 2).mean()
         opt.zero_grad(set_to_none=True)
@@ -117,13 +115,8 @@ def run_one(frozen, steps, hidden, queue_len, collect_every):
         finally:
             os._exit(1)
     os.close(w)
-    data = b""
-    while True:
-        chunk = os.read(r, 65536)
-        if not chunk:
-            break
-        data += chunk
-    os.close(r)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
     _, status = os.waitpid(pid, 0)
     if status != 0 or not data:
         raise SystemExit(f"zygote_gc_bench: the {'frozen' if frozen else 'unfrozen'} worker failed (status {status})")

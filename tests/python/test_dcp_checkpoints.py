@@ -179,7 +179,7 @@ def test_a_dcp_save_killed_at_each_persist_point_restores_the_old_or_the_new_che
     template = tmp_path / "template"
     assert _worker("save", template, 1)[0] == 0
     digests = {s: _worker("digest", s)[1]["digest"] for s in (1, 2)}
-    kills, runs = 0, []
+    runs = []
     syscalls = {"fsync": "fsync,fdatasync", "rename": "rename,renameat,renameat2", "unlink": "unlink,unlinkat,rmdir"}[syscall]
 
     def killed_at(k):
@@ -195,10 +195,11 @@ def test_a_dcp_save_killed_at_each_persist_point_restores_the_old_or_the_new_che
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(2) as pool:
         for first in range(1, 40, 2):
-            pair = list(pool.map(killed_at, (first, first + 1)))
-            done = [r for r in pair if r[1] == 0]
-            runs.extend(pair[:pair.index(done[0]) + 1] if done else pair)
-            if done:
+            for run in pool.map(killed_at, (first, first + 1)):
+                runs.append(run)
+                if run[1] == 0:
+                    break
+            if runs[-1][1] == 0:
                 break
     kills = sum(1 for r in runs if r[1] != 0)
     rc, restored = _worker("restore", *[r[3] for r in runs])
